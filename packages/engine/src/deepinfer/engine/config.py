@@ -38,6 +38,10 @@ class DSparkConfig:
     noise_token_id: int
     target_layer_ids: tuple[int, ...]
     markov_rank: int
+    # V4.1's DSpark stages have their own MoE width (`dspark_n_routed_experts`, `dspark_num_experts_per_tok`);
+    # None means the stages use the main model's values.
+    n_routed_experts: int | None = None
+    num_experts_per_tok: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""Public deep_gemm API: argument checks, output allocation, and the op contracts (DeepGEMM naming).
+
+Conventions (DeepGEMM's): "nt" means D = C + A @ B^T with A row-major [m, k] and B given as [n, k]
+(both K-major). `out` is written in place and also returned; when it is None a new tensor is allocated.
+All operands must be contiguous and on one device. FP8 operands carry scale factors as a pair
+`(values, scales)`; scales are float32 or torch.float8_e8m0fnu (DeepGEMM's packed-int32 UE8M0 layout is
+not accepted). Weight operands come in two formats, told apart by dtype:
+
+* FP8: float8_e4m3fn [n, k] with 128x128 block scales [ceil(n/128), ceil(k/128)];
+* FP4: int8 [n, k/2], two e2m1 codes a byte (low nibble = element 2j), scales [n, k/32] (one per 32 inputs).
+
+Activations are FP8 with 1x128 per-token scales [m, ceil(k/128)]. Every op accumulates in float32.
+The MoE grouped GEMMs are in `api_moe.py` and re-exported here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from ._checks import (
+    check_fp8_act,
+    check_k,
+    check_out,
+    check_pair,
+    check_same_device,
+    check_tensor,
+)
+from ._checks import check_weight_scales as _check_weight
+from .api_moe import (
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
+)
+
+__all__ = [
+    "bf16_gemm_nt",
+    "fp8_gemm_nt",
+    "fp8_fp4_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "grouped_gemm_nt_bf16",
+    "grouped_gemm_nt_fp8",
+]
+
+_FLOAT_IN = (torch.bfloat16, torch.float32)
+_LOW_OUT = (torch.bfloat16, torch.float32)
+
+
+def _check_float_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must share a dtype (bf16 or float32), got a {a.dtype} and b {b.dtype}")
+
+
+def bf16_gemm_nt(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, c: torch.Tensor | None = None
+) -> torch.Tensor:
+    """D = C + A @ B^T in float32 accumulation.
+
+    a: [m, k] bfloat16 or float32, row-major. b: [n, k], same dtype as a. c: optional [m, n] float32 or
+    bfloat16 accumulator (may alias out). out: optional [m, n]; bfloat16 or float32 for bf16 inputs,
+    float32 for float32 inputs. When out is None it is allocated with a's dtype: bf16 in -> bf16 out,
+    float32 in -> float32 out (the engine's exact / oracle path uses float32 end to end).
+    Returns out [m, n].
+    """
+    check_tensor("a", a, _FLOAT_IN, [None, None])
+    check_tensor("b", b, _FLOAT_IN, [None, None])
+    _check_float_operands(a, b)
+    (m, k), (n, kb) = a.shape, b.shape
+    check_k("a", k, "b", kb)
+    if c is not None:
+        check_tensor("c", c, _FLOAT_IN, [m, n])
+    check_same_device(a=a, b=b, c=c)
+    out_dtypes = _LOW_OUT if a.dtype == torch.bfloat16 else (torch.float32,)
+    out = check_out(out, (m, n), out_dtypes, a)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    return ref.bf16_gemm_nt(a, b, out, c)
+
+
+def fp8_gemm_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """D = C + dequant(A) @ dequant(B)^T with float32 accumulation (DeepGEMM `fp8_gemm_nt` / `fp8_fp4_gemm_nt`).
+
+    a: (float8_e4m3fn [m, k], scales float32 | float8_e8m0fnu [m, ceil(k/128)]) — per-token 1x128 scales.
+    b: (float8_e4m3fn [n, k], scales [ceil(n/128), ceil(k/128)]) — 128x128 block scales; or
+       (int8 [n, k/2] packed e2m1, scales [n, k/32]) — FP4 weights (K % 32 == 0).
+    out: optional bfloat16 (default) or float32 [m, n]. c: optional float32 or bfloat16 [m, n] (may alias out).
+    Returns out [m, n].
+    """
+    a_val, sfa = check_fp8_act("a", a, ())
+    b_val, sfb = check_pair("b", b)
+    k = _check_weight("b", b_val, sfb, ())
+    m, n = a_val.shape[0], b_val.shape[0]
+    check_k("a", a_val.shape[1], "b", k)
+    if c is not None:
+        check_tensor("c", c, _FLOAT_IN, [m, n])
+    check_same_device(a=a_val, sfa=sfa, b=b_val, sfb=sfb, c=c)
+    out = check_out(out, (m, n), _LOW_OUT, a_val)
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
+    return ref.fp8_gemm_nt(a_val, sfa, b_val, sfb, out, c)
+
+
+# DeepGEMM exposes one function under both names; the weight format is told apart by b's dtype.
+fp8_fp4_gemm_nt = fp8_gemm_nt
+
+
+def grouped_gemm_nt_bf16(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-group D[:, g] = A[:, g] @ B[g]^T: V4 attention's grouped output projection (wo_a).
+
+    a: [t, g, k] bfloat16 or float32 (V4-Flash: [tokens, 8, 4096], group g = heads 8g..8g+7 flattened).
+    b: [g, n, k], same dtype as a (V4-Flash: wo_a viewed as [8, 1024, 4096]).
+    out: optional [t, g, n]; dtype rules as in `bf16_gemm_nt` (default: a's dtype). Returns out.
+    """
+    check_tensor("a", a, _FLOAT_IN, [None, None, None])
+    t, g, k = a.shape
+    check_tensor("b", b, _FLOAT_IN, [g, None, None])
+    _check_float_operands(a, b)
+    check_k("a", k, "b", b.shape[2])
+    n = b.shape[1]
+    check_same_device(a=a, b=b)
+    out_dtypes = _LOW_OUT if a.dtype == torch.bfloat16 else (torch.float32,)
+    out = check_out(out, (t, g, n), out_dtypes, a)
+    if out is None:
+        out = torch.empty((t, g, n), dtype=a.dtype, device=a.device)
+    return ref.grouped_gemm_nt_bf16(a, b, out)
+
+
+def grouped_gemm_nt_fp8(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FP8 form of `grouped_gemm_nt_bf16`: D[:, g] = dequant(A[:, g]) @ dequant(B[g])^T.
+
+    a: (float8_e4m3fn [t, g, k], scales [t, g, ceil(k/128)]) — per-token 1x128 scales.
+    b: (float8_e4m3fn [g, n, k], scales [g, ceil(n/128), ceil(k/128)]) — 128x128 block scales per group
+       (wo_a as stored: rows 1024g..1024g+1023 of [8192, 4096] are group g, so a view [8, 1024, 4096]
+       with scales viewed [8, 8, 32] fits), or packed FP4 (int8 [g, n, k/2], scales [g, n, k/32]).
+    out: optional bfloat16 (default) or float32 [t, g, n]. Returns out.
+    """
+    a_val, sfa = check_fp8_act("a", a, (None,))
+    t, g, k = a_val.shape
+    b_val, sfb = check_pair("b", b)
+    kb = _check_weight("b", b_val, sfb, (g,))
+    check_k("a", k, "b", kb)
+    n = b_val.shape[1]
+    check_same_device(a=a_val, sfa=sfa, b=b_val, sfb=sfb)
+    out = check_out(out, (t, g, n), _LOW_OUT, a_val)
+    if out is None:
+        out = torch.empty((t, g, n), dtype=torch.bfloat16, device=a_val.device)
+    return ref.grouped_gemm_nt_fp8(a_val, sfa, b_val, sfb, out)

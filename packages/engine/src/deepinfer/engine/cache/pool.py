@@ -1,0 +1,142 @@
+"""The KV / state cache pool: fixed per-sequence state slots plus paged compressed-row blocks.
+
+Layout per layer: see `layout.py`. A sequence holds one slot (window rings and compressor tails of
+every layer) and a list of blocks (compressed rows of every compressed layer for `block_tokens`
+positions each). `reserve` grows the block list; `free_slot` returns everything. Nothing else
+allocates, so `num_free_blocks + sum(blocks held) == num_blocks` always (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+from .layout import LayerCacheSpec, block_tokens_for, bytes_per_block, bytes_per_slot, layer_specs
+
+
+class CachePool:
+    """Owns every cache tensor of the model and the slot / block bookkeeping."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        num_slots: int,
+        num_blocks: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_slots < 1 or num_blocks < 0:
+            raise ValueError(f"num_slots must be >= 1 and num_blocks >= 0, got {num_slots} and {num_blocks}")
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.num_slots, self.num_blocks = num_slots, num_blocks
+        self.window = cfg.window_size
+        self.block_tokens = block_tokens_for(cfg)
+        self.max_blocks_per_seq = -(-max_model_len // self.block_tokens)
+        self.specs: list[LayerCacheSpec] = layer_specs(cfg)
+        self.ring_rows = num_slots * self.window
+        self.kv = [self._alloc(self.ring_rows + num_blocks * s.rows_per_block, cfg.head_dim) for s in self.specs]
+        self.index_keys = [
+            self._alloc(num_blocks * s.rows_per_block, cfg.index_head_dim) if s.kind == "csa" else None
+            for s in self.specs
+        ]
+        self.tail_kv = [self._tail(s.tail_rows, s.tail_width) for s in self.specs]
+        self.tail_score = [self._tail(s.tail_rows, s.tail_width) for s in self.specs]
+        self.index_tail_kv = [self._tail(s.tail_rows, s.index_tail_width) for s in self.specs]
+        self.index_tail_score = [self._tail(s.tail_rows, s.index_tail_width) for s in self.specs]
+        self.block_table = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=device)
+        self._free_blocks = list(range(num_blocks - 1, -1, -1))
+        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._slot_blocks: dict[int, list[int]] = {}
+
+    def _alloc(self, rows: int, width: int) -> torch.Tensor:
+        # NaN-filled so a read of a row nothing wrote shows up in tests instead of passing as zeros.
+        return torch.full((rows, width), float("nan"), dtype=self.dtype, device=self.device)
+
+    def _tail(self, rows: int, width: int) -> torch.Tensor | None:
+        if rows == 0 or width == 0:
+            return None
+        return torch.zeros(self.num_slots, rows, width, dtype=torch.float32, device=self.device)
+
+    # ----- sizing -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def plan(
+        cfg: ModelConfig,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        elem_bytes: int,
+        budget_bytes: int | None,
+    ) -> tuple[int, int]:
+        """(num_slots, num_blocks) for a byte budget (None: enough blocks for every slot at full length).
+
+        Raises ValueError when the budget cannot hold one sequence of `max_model_len` tokens.
+        """
+        bt = block_tokens_for(cfg)
+        per_seq_blocks = -(-max_model_len // bt)
+        want_blocks = max_num_seqs * per_seq_blocks
+        if budget_bytes is None:
+            return max_num_seqs, want_blocks
+        slot_b, block_b = bytes_per_slot(cfg, elem_bytes), max(bytes_per_block(cfg, elem_bytes), 1)
+        slots = max_num_seqs
+        while slots > 1 and slots * slot_b + per_seq_blocks * block_b > budget_bytes:
+            slots //= 2
+        blocks = min(want_blocks, (budget_bytes - slots * slot_b) // block_b)
+        if blocks < per_seq_blocks:
+            need = slot_b + per_seq_blocks * block_b
+            raise ValueError(
+                f"cache budget of {budget_bytes / 2**20:.1f} MiB cannot hold one sequence of max_model_len="
+                f"{max_model_len} tokens ({need / 2**20:.1f} MiB); lower max_model_len or raise "
+                "gpu_memory_utilization"
+            )
+        return slots, int(blocks)
+
+    # ----- bookkeeping --------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a sequence of `num_tokens` tokens holds."""
+        return -(-num_tokens // self.block_tokens)
+
+    def allocate_slot(self) -> int | None:
+        """Take a free state slot (None when all are in use)."""
+        if not self._free_slots:
+            return None
+        slot = self._free_slots.pop()
+        self._slot_blocks[slot] = []
+        return slot
+
+    def reserve(self, slot: int, num_tokens: int) -> bool:
+        """Grow `slot`'s blocks to cover `num_tokens` positions. False (nothing taken) when they do not fit."""
+        blocks = self._slot_blocks[slot]
+        need = self.blocks_for(num_tokens) - len(blocks)
+        if num_tokens > self.max_blocks_per_seq * self.block_tokens:
+            return False
+        if need <= 0:
+            return True
+        if need > len(self._free_blocks):
+            return False
+        for _ in range(need):
+            b = self._free_blocks.pop()
+            self.block_table[slot, len(blocks)] = b
+            blocks.append(b)
+        return True
+
+    def free_slot(self, slot: int) -> None:
+        """Return the slot and all its blocks to the pool."""
+        blocks = self._slot_blocks.pop(slot)
+        self._free_blocks.extend(reversed(blocks))
+        self.block_table[slot].fill_(-1)
+        self._free_slots.append(slot)
+
+    def held_blocks(self) -> int:
+        return sum(len(b) for b in self._slot_blocks.values())

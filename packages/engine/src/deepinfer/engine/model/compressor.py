@@ -1,0 +1,93 @@
+"""KV compressor (CSA ratio 4 with overlapping windows; HCA ratio m without), any chunk start.
+
+For each token: K = x @ wkv^T and Z = x @ wgate^T + ape[pos % m] (fp32). Window j covers positions
+[j*m, (j+1)*m). With overlap (CSA) entry j pools 2m slots per channel: the first channel half of the
+previous window's tokens and the second half of its own tokens; without overlap, its m tokens. Pooling is
+a per-channel softmax over slots of Z, weighting K. The entry is RMS-normed, RoPE'd at position j*m and
+(optionally) quantise-simulated.
+
+A chunk may start anywhere: the K/Z rows of not-yet-pooled positions (the tail) persist per slot in fp32,
+row p % tail_rows, from `tail_start(p_next)` on, so the next chunk continues exactly where this one ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from deepinfer import tile_kernels as tk
+
+from ..weights import QWeight, linear
+
+
+class Compressor:
+    """Weights and math of one compressor (main KV: dim = head_dim; indexer keys: dim = index_head_dim)."""
+
+    def __init__(
+        self, wkv: QWeight, wgate: QWeight, ape: torch.Tensor, norm: torch.Tensor, ratio: int, dim: int,
+        eps: float,
+    ) -> None:
+        self.wkv, self.wgate, self.ape, self.norm = wkv, wgate, ape.float(), norm
+        self.ratio, self.dim, self.eps = ratio, dim, eps
+        self.overlap = ratio == 4
+        self.tail_rows = (2 if self.overlap else 1) * ratio
+
+    def tail_start(self, p_next: int) -> int:
+        """First position whose K/Z rows must be kept when `p_next` positions have been seen."""
+        closed = p_next // self.ratio
+        return max(0, self.ratio * (closed - (1 if self.overlap else 0)))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [n, hidden] -> K, Z [n, coff * dim] fp32."""
+        xf = x.float()
+        k = linear(xf, self.wkv)
+        z = linear(xf, self.wgate) + self.ape[positions.remainder(self.ratio)]
+        return k, z
+
+    def _slots(self, buf_k: torch.Tensor, buf_z: torch.Tensor, base: int, j: torch.Tensor):
+        """Gather pooling slots of windows j from buffers that start at position `base`."""
+        m, d = self.ratio, self.dim
+        cur = (j[:, None] * m + torch.arange(m, device=j.device)[None, :]) - base  # [w, m]
+        if not self.overlap:
+            return buf_k[cur], buf_z[cur]
+        prev = cur - m
+        has_prev = (j > 0)[:, None].expand_as(prev)
+        prev_c = prev.clamp(min=0)
+        kp = torch.where(has_prev[..., None], buf_k[prev_c][..., :d], 0.0)
+        zp = torch.where(has_prev[..., None], buf_z[prev_c][..., :d], float("-inf"))
+        kv = torch.cat((kp, buf_k[cur][..., d:]), dim=1)  # [w, 2m, d]
+        sc = torch.cat((zp, buf_z[cur][..., d:]), dim=1)
+        return kv, sc
+
+    def run_chunk(
+        self,
+        k: torch.Tensor,
+        z: torch.Tensor,
+        start: int,
+        tail_k: torch.Tensor,
+        tail_z: torch.Tensor,
+        finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool the windows that close inside the chunk [start, start + n) and update the slot's tail.
+
+        k, z: [n, coff*dim] fp32 for the chunk; tail_k, tail_z: [tail_rows, coff*dim] (this slot's, updated
+        in place); finish(entries [w, dim] in out_dtype, positions [w]) applies RoPE / simulation.
+        Returns (entry ids [w] int64, entries [w, dim] out_dtype).
+        """
+        n, m = k.shape[0], self.ratio
+        base = self.tail_start(start)
+        old = torch.arange(base, start, device=k.device)
+        buf_k = torch.cat((tail_k[old.remainder(self.tail_rows)], k))
+        buf_z = torch.cat((tail_z[old.remainder(self.tail_rows)], z))
+        end = start + n
+        j = torch.arange(start // m, end // m, device=k.device)
+        new_tail = torch.arange(self.tail_start(end), end, device=k.device)
+        tail_k[new_tail.remainder(self.tail_rows)] = buf_k[new_tail - base]
+        tail_z[new_tail.remainder(self.tail_rows)] = buf_z[new_tail - base]
+        if j.numel() == 0:
+            return j, k.new_zeros(0, self.dim, dtype=out_dtype)
+        kv, sc = self._slots(buf_k, buf_z, base, j)
+        pooled = tk.softmax_pool(kv, sc)
+        entries = tk.rms_norm(pooled.to(out_dtype), self.norm, self.eps)
+        return j, finish(entries, j * m)

@@ -1,0 +1,60 @@
+"""V4 MoE: router (sqrt-softplus scores, selection bias or hash table), routed experts, shared expert."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer import tile_kernels as tk
+
+from ..config import ModelConfig
+from ..weights import QWeight, linear
+
+
+class Expert:
+    """SwiGLU expert with V4's clamp: w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))."""
+
+    def __init__(self, w1: QWeight, w2: QWeight, w3: QWeight, limit: float | None) -> None:
+        self.w1, self.w2, self.w3, self.limit = w1, w2, w3, limit
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(tk.swiglu_clamp(linear(x, self.w1), linear(x, self.w3), self.limit), self.w2)
+
+
+class MoE:
+    """Routed experts (top-k of E) plus shared experts; `tid2eid` given => hash routing by token id."""
+
+    def __init__(
+        self, cfg: ModelConfig, gate: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
+        experts: list[Expert], shared: Expert | None,
+    ) -> None:
+        self.cfg, self.gate, self.bias, self.tid2eid = cfg, gate.float(), bias, tid2eid
+        self.experts, self.shared = experts, shared
+
+    def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] fp32, expert ids [T, k] int64); the router runs in fp32."""
+        cfg = self.cfg
+        logits = x.float() @ self.gate.t()
+        if self.tid2eid is not None:
+            return tk.hash_route(logits, token_ids, self.tid2eid, cfg.scoring_func, cfg.route_scale,
+                                 cfg.norm_topk_prob)
+        return tk.moe_route(logits, self.bias, cfg.num_experts_per_tok, cfg.scoring_func, cfg.route_scale,
+                            cfg.norm_topk_prob)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """x: [T, hidden] normed FFN input; token_ids: [T]. Returns [T, hidden] in x.dtype."""
+        weights, ids = self.route(x, token_ids)
+        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        tok = order // ids.shape[1]
+        w = weights.flatten()[order]
+        lo = 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = tok[lo : lo + n]
+                y.index_add_(0, rows, self.experts[e](x[rows]).float() * w[lo : lo + n, None])
+            lo += n
+        if self.shared is not None:
+            y += self.shared(x).float()
+        return y.to(x.dtype)

@@ -1,0 +1,31 @@
+"""Pure-PyTorch references for every public tile_kernels op (tests, benchmarks, CPU fallback)."""
+
+from .ref.act import swiglu_clamp
+from .ref.compressor import softmax_pool
+from .ref.mhc import mhc_head, mhc_post, mhc_pre, sinkhorn
+from .ref.moe import hash_route, moe_route, moe_scores
+from .ref.norm import rms_norm
+from .ref.rope import apply_rope_interleaved, rope_cos_sin, rope_inv_freq
+
+__all__ = [
+    "apply_rope_interleaved",
+    "hash_route",
+    "mhc_head",
+    "mhc_post",
+    "mhc_pre",
+    "moe_route",
+    "moe_scores",
+    "rms_norm",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "sinkhorn",
+    "softmax_pool",
+    "swiglu_clamp",
+]
+try:  # the quantisation references live in their own module (ref/quant.py)
+    from .ref.quant import *  # noqa: F401,F403
+    from .ref.quant import __all__ as _quant_all
+
+    __all__ += list(_quant_all)
+except ImportError:  # pragma: no cover - only while the module is being written
+    pass

@@ -1,0 +1,121 @@
+"""Tiny random DeepSeek-V4 checkpoints built with transformers' `DeepseekV4ForCausalLM` (the logit oracle).
+
+Three configs cover sliding-window, CSA and HCA layers, hash and routed MoE, YaRN, and index top-k smaller
+than the number of visible entries. Parameters transformers initialises to constants (biases, sinks,
+positional biases, mHC bases, norm weights) are randomised so the test exercises them, and `tid2eid` rows
+hold distinct experts (architecture notes section 10.2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_COMMON = dict(
+    num_key_value_heads=1, qk_rope_head_dim=64, scoring_func="sqrtsoftplus", routed_scaling_factor=1.5,
+    swiglu_limit=10.0, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-6, rope_theta=1e4,
+    compress_rope_theta=1.6e5, n_shared_experts=1, bos_token_id=0, eos_token_id=1,
+)
+CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+
+CONFIGS: dict[str, dict] = {
+    # The notes' recipe: window 8, CSA 4, HCA 8, two hash layers, top-3 of the compressed entries.
+    "a": dict(
+        vocab_size=200, hidden_size=128, num_hidden_layers=6, num_attention_heads=4, head_dim=128, q_lora_rank=32,
+        o_groups=2, o_lora_rank=16, sliding_window=8, layer_types=[SWA, SWA, CSA, HCA, CSA, HCA],
+        compress_rates={CSA: 4, HCA: 8}, index_n_heads=4, index_head_dim=128, index_topk=3, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, num_hash_layers=2, hc_mult=4,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32,
+                      "beta_slow": 1},
+        max_position_embeddings=64,
+    ),
+    # A hash-routed CSA first layer (like V4-Flash layer 2), 8 heads in 4 output groups, 2 mHC streams.
+    "b": dict(
+        vocab_size=256, hidden_size=96, num_hidden_layers=4, num_attention_heads=8, head_dim=128, q_lora_rank=48,
+        o_groups=4, o_lora_rank=24, sliding_window=16, layer_types=[CSA, HCA, SWA, CSA],
+        compress_rates={CSA: 4, HCA: 16}, index_n_heads=8, index_head_dim=128, index_topk=5, n_routed_experts=16,
+        num_experts_per_tok=4, moe_intermediate_size=48, num_hash_layers=1, hc_mult=2,
+        rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 32,
+                      "beta_slow": 1},
+        max_position_embeddings=256,
+    ),
+    # V4-Flash proportions at toy width: window 128, HCA 128, hash layers through the first CSA layer.
+    "c": dict(
+        vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=128, q_lora_rank=32,
+        o_groups=2, o_lora_rank=32, sliding_window=128, layer_types=[SWA, SWA, CSA, HCA],
+        compress_rates={CSA: 4, HCA: 128}, index_n_heads=8, index_head_dim=128, index_topk=8, n_routed_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=40, num_hash_layers=3, hc_mult=4,
+        rope_scaling={"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256, "beta_fast": 32,
+                      "beta_slow": 1},
+        max_position_embeddings=1024,
+    ),
+}
+
+
+def _randomise(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("tid2eid"):
+                continue
+            if p.dim() == 1 or "position_bias" in name or name.endswith(("base", "scale", "sinks")):
+                if name.endswith(("norm.weight", "layernorm.weight")):
+                    p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                else:
+                    p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:  # matrices: unit-variance activations (std 1/sqrt(fan_in)) so the model is not degenerate
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid"):
+                n_exp = model.config.n_routed_experts
+                rows = [torch.randperm(n_exp, generator=g)[: buf.shape[1]] for _ in range(buf.shape[0])]
+                buf.copy_(torch.stack(rows).to(buf.dtype))
+        for name, p in model.named_parameters():
+            if name.endswith("tid2eid"):
+                n_exp = model.config.n_routed_experts
+                rows = [torch.randperm(n_exp, generator=g)[: p.shape[1]] for _ in range(p.shape[0])]
+                p.copy_(torch.stack(rows).to(p.dtype))
+
+
+def build_hf_model(name: str, seed: int = 0):
+    """A randomised fp32 eager `DeepseekV4ForCausalLM` for config `name` in {'a', 'b', 'c'}."""
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV4Config(**_COMMON, **CONFIGS[name])
+    cfg._attn_implementation = "eager"
+    model = DeepseekV4ForCausalLM(cfg).float().eval()
+    _randomise(model, seed)
+    return model
+
+
+def save_hf_checkpoint(model, out_dir: Path) -> Path:
+    """save_pretrained (transformers names, safetensors) plus a tiny word-level tokenizer for the API."""
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    write_word_tokenizer(out_dir, model.config.vocab_size)
+    return out_dir
+
+
+def write_word_tokenizer(out_dir: Path, vocab: int) -> None:
+    """tokenizer.json mapping `<tK>` <-> id K (the fixture's convention); id 0 BOS, 1 EOS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"<t{i}>": i for i in range(vocab)}, unk_token="<t2>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(Path(out_dir) / "tokenizer.json"))
+    (Path(out_dir) / "tokenizer_config.json").write_text(
+        '{"bos_token": "<t0>", "eos_token": "<t1>", "add_bos_token": false}'
+    )
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """Full-sequence fp32 logits [len(ids), vocab] from the oracle."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def random_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [0] + torch.randint(2, vocab, (n - 1,), generator=g).tolist()
