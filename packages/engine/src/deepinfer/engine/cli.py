@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run `deepinfer ...`; returns the exit code (argument errors exit with 2 through argparse)."""
     parser, gen_parser = _build_parsers()
     args = parser.parse_args(argv)
+    if args.output is not None and not args.output.parent.is_dir():
+        gen_parser.error(f"--output: directory does not exist: {args.output.parent}")
     base = _flag_sampling(args)
     _sampling_params(base, {}, "sampling flags", gen_parser)
     requests = _read_requests(args.input, gen_parser) if args.input else [{"prompt": p} for p in args.prompt]

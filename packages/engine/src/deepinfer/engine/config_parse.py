@@ -187,6 +187,8 @@ def _parse_yarn(s: Any) -> YarnConfig | None:
     if kind != "yarn":
         raise ValueError(f"rope_scaling.type: expected 'yarn' or 'default', got {kind!r}")
     factor = _check_float("rope_scaling.factor", s.get("factor"))
+    if factor <= 0:
+        raise ValueError(f"rope_scaling.factor: expected a positive number, got {factor}")
     orig = _check_int("rope_scaling.original_max_position_embeddings", s.get("original_max_position_embeddings"), 1)
     fast = _check_float("rope_scaling.beta_fast", s.get("beta_fast", 32.0))
     slow = _check_float("rope_scaling.beta_slow", s.get("beta_slow", 1.0))

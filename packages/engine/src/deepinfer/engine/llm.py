@@ -24,16 +24,9 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
+_DTYPES = dict.fromkeys(("float32", "fp32", "float"), torch.float32)
+_DTYPES.update(dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16))
+_DTYPES.update(dict.fromkeys(("float16", "fp16", "half"), torch.float16))
 
 Conversation = list[dict[str, Any]]
 
@@ -282,6 +275,8 @@ class LLM:
                 return
             batch = self.scheduler.schedule()
             if not batch:
+                if not self.scheduler.has_unfinished():
+                    continue  # the step only failed requests that can never fit
                 raise RuntimeError(
                     f"no sequence could be scheduled: {len(self.scheduler.waiting)} waiting, none running and no "
                     "free cache slot; the cache's slot bookkeeping is inconsistent"

@@ -8,9 +8,9 @@ Each `schedule()` builds one runner step:
 2. the remaining token budget (`max_num_batched_tokens`) goes to running sequences still prefilling, then to
    waiting sequences in arrival order, while fewer than `max_num_seqs` run. Admission takes a slot
    (`allocate_slot()`) and reserves the whole prompt (`reserve(slot, len)`); the first request that cannot be
-   admitted stops admission (first come, first served), and none is admitted in a step that preempted (the
-   victim would likely be admitted and preempted again). A request that cannot fit even into an idle cache
-   finishes with finish_reason "error".
+   admitted stops admission (first come, first served), and none is admitted in a step that preempted while
+   other sequences still run (the victim would likely be admitted and preempted again). A request that cannot
+   fit even into an idle cache finishes with finish_reason "error" (keeping any tokens it generated).
 A prefill chunk asks for logits only when it ends the sequence's pending tokens ("last") or when prompt logprobs
 are still owed ("all"); otherwise "none". `update()` samples, applies the stop rules and frees finished slots.
 
@@ -139,8 +139,9 @@ class Scheduler:
                 take = min(budget, seq.num_pending)
                 batch.append(self._chunk(seq, take))
                 budget -= take
-        preempted = self.num_preemptions > preemptions_before
-        while budget > 0 and not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+        # After a preemption, admit nothing while others run: the victim would be re-admitted and preempted again.
+        hold = self.num_preemptions > preemptions_before and bool(batch)
+        while budget > 0 and not hold and self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self._admit(seq):
                 if seq.is_finished:
@@ -251,18 +252,18 @@ class Scheduler:
             seq.logprobs.append(self._position_logprobs(lp))
             seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + lp.logprob
         params = seq.params
-        stop_token = (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
-        if stop_token:
-            if params.include_stop_str_in_output:
-                seq.detokenize_next(self.tokenizer)
-            stop_reason = token if token in params.stop_token_ids else None
-            self._finish(seq, "stop", stop_reason=stop_reason)
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            # The stop token's own text is dropped unless asked for (as vLLM).
+            keep = seq.num_tokens if params.include_stop_str_in_output else seq.num_tokens - 1
+            seq.flush_text(self.tokenizer, end=keep)
+            self._finish(seq, "stop", stop_reason=token if token in params.stop_token_ids else None)
             return
         delta = seq.detokenize_next(self.tokenizer)
         if delta and params.stop and self._check_stop_strings(seq, len(delta)):
             return
         out_cap = params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens
         if out_cap or seq.num_tokens >= self.max_model_len:
+            seq.flush_text(self.tokenizer)
             self._finish(seq, "length")
 
     def _check_stop_strings(self, seq: Sequence, delta_len: int) -> bool:

@@ -121,6 +121,21 @@ class Sequence:
         self.text += delta
         return delta
 
+    def flush_text(self, tokenizer: Any, end: int | None = None) -> None:
+        """At finish: append the text of tokens up to `end` (default: all) still held back by `detokenize_next`.
+
+        A character left incomplete by the last tokens shows as U+FFFD, as in `tokenizer.decode` of the output.
+        """
+        end = len(self.all_token_ids) if end is None else end
+        if end <= self.read_offset:
+            return
+        skip = self.params.skip_special_tokens
+        ids = self.all_token_ids
+        prefix_text = tokenizer.decode(ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        full_text = tokenizer.decode(ids[self.prefix_offset : end], skip_special_tokens=skip)
+        self.text += full_text[len(prefix_text) :]
+        self.read_offset = end
+
     def find_stop_string(self, delta_len: int) -> tuple[int, str] | None:
         """(start index in self.text, stop string) of a stop string ending in the last `delta_len` characters.
 

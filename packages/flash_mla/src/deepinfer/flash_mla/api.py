@@ -101,7 +101,8 @@ def sparse_attn_prefill(
     Args:
         q: [t, h, d] bf16 / fp32 (V4: h = 64, d = 512).
         kv: cache [n, d] / [blocks, block_size, d] bf16 / fp32, or uint8 FP8 [..., 584] (d must be 512).
-        indices: int32 [t, topk] flat slots into kv (-1 = hole; any order; a slot should appear once per row).
+        indices: int32 [t, topk] flat slots into kv (-1 = hole; any order). A slot named twice in a row is
+            counted twice, so rows should name each slot once (top-k output does).
         sink: fp32 [h] per-head sink logit, or None (no sink term).
         softmax_scale: the logit scale (V4: 512 ** -0.5).
         extra_kv: optional second cache (same formats, e.g. the sliding window while kv holds compressed rows).

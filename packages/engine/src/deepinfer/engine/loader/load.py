@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from deepinfer.engine.config import ModelConfig
-from deepinfer.engine.loader.names import is_merged_experts, official_name, split_merged_experts
+from deepinfer.engine.loader.names import is_merged_experts, is_skipped, official_name, split_merged_experts
 from deepinfer.engine.loader.safetensors_io import DTYPES, open_shard, peek, read_tensor, shard_index
 from deepinfer.engine.loader.schema import expected_tensors
 from deepinfer.engine.loader.validate import FoundTensor, check_against_schema
@@ -23,7 +23,8 @@ def load_weights(
     `model.safetensors.index.json` + shards, or `*.safetensors` files. cfg: the parsed config; the stored
     tensor list must equal `expected_tensors(cfg)` (names, shapes, dtypes), checked from the headers before
     any data is read. transformers names (`model.layers.N.self_attn.q_a_proj.weight`, merged
-    `mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I]) are renamed and split per expert.
+    `mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I]) are renamed and split per expert. MTP copies
+    of the shared embedding / head (`mtp.N.emb*`, `mtp.N.head.*`), which DeepSeek's converter drops, are skipped.
     Returns {name: tensor on `device`}: FP8 weights float8_e4m3fn [out, in] with float8_e8m0fnu (or fp32)
     block scales, FP4 experts int8 [out, in/2] + float8_e8m0fnu [out, in/32], bf16/fp32 tensors as stored,
     `tid2eid` int64/int32. Raises FileNotFoundError (missing dir or shard) and ValueError (corrupt shard,
@@ -34,7 +35,7 @@ def load_weights(
     root = Path(model_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"model_dir: no such checkpoint directory: {root}")
-    index = shard_index(root)
+    index = {k: v for k, v in shard_index(root).items() if not is_skipped(official_name(k))}
     found = _plan(index)
     check_against_schema(found, expected_tensors(cfg))
     return _read_all(index, str(device), progress)

@@ -62,6 +62,9 @@ _BLOCK_PREFIXES: tuple[tuple[str, str], ...] = (
     ("mlp.", "ffn."),
 )
 _BLOCK = re.compile(r"^((?:layers|mtp)\.\d+\.)(.*)$")
+# Copies of the shared embedding / head inside an MTP block: DeepSeek's convert.py drops them "if present"
+# and the model uses the main ones, so the loader skips them too.
+_MTP_SHARED_COPIES = re.compile(r"^mtp\.\d+\.(?:emb|embed|head)\.")
 MERGED_GATE_UP = "ffn.experts.gate_up_proj"
 MERGED_DOWN = "ffn.experts.down_proj"
 
@@ -82,6 +85,11 @@ def official_name(name: str) -> str:
         if rest.startswith(old):
             return prefix + new + rest[len(old) :]
     return name
+
+
+def is_skipped(name: str) -> bool:
+    """True for an official name the loader drops: MTP copies of the shared embedding or head."""
+    return _MTP_SHARED_COPIES.match(name) is not None
 
 
 def is_merged_experts(name: str) -> bool:

@@ -62,18 +62,24 @@ class Attention:
                  ix.finish_keys)
             )
         view = b.comp[self.ratio]
+        decode = all(n == 1 for n in b.lens)
         for comp, store, tail_k, tail_z, finish in comps:
             k_all, z_all = comp.project(x, b.positions)
+            offset = 0 if store is pool.kv[layer] else pool.ring_rows  # indexer keys have no ring region
+            if decode:
+                close, j, ent = comp.run_decode(k_all, z_all, b.positions, b.slots, tail_k, tail_z, finish, x.dtype)
+                if j.numel():
+                    rows = entry_rows(pool, b.slots[close], j[:, None], view.rows_per_block)[:, 0].long()
+                    store[rows - offset] = ent.to(store.dtype)
+                continue
             for r, (start, n) in enumerate(zip(b.starts, b.lens)):
                 lo, slot = b.cu[r], int(b.slots[r])
                 j, ent = comp.run_chunk(
                     k_all[lo : lo + n], z_all[lo : lo + n], start, tail_k[slot], tail_z[slot], finish, x.dtype
                 )
                 if j.numel():
-                    rows = entry_rows(pool, b.slots[r : r + 1].expand(1), j[None, :], view.rows_per_block)[0].long()
-                    if store is not pool.kv[layer]:
-                        rows = rows - pool.ring_rows  # indexer keys have no ring region
-                    store[rows] = ent.to(store.dtype)
+                    rows = entry_rows(pool, b.slots[r : r + 1], j[None, :], view.rows_per_block)[0].long()
+                    store[rows - offset] = ent.to(store.dtype)
 
     def _main_indices(self, x: torch.Tensor, qr: torch.Tensor, b: StepBatch, cs: tuple, pool, layer) -> torch.Tensor:
         if self.kind == "swa":

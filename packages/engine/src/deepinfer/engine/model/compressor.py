@@ -91,3 +91,43 @@ class Compressor:
         pooled = tk.softmax_pool(kv, sc)
         entries = tk.rms_norm(pooled.to(out_dtype), self.norm, self.eps)
         return j, finish(entries, j * m)
+
+    def run_decode(
+        self,
+        k: torch.Tensor,
+        z: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        tail_k: torch.Tensor,
+        tail_z: torch.Tensor,
+        finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One new token per sequence, all sequences at once (no Python loop over sequences).
+
+        k, z: [b, coff*dim]; positions, slots: [b]; tail_k, tail_z: [num_slots, tail_rows, coff*dim] (all slots).
+        Writes each token into its slot's tail row p % tail_rows (the rows it replaces are older than any
+        window still open), then pools the windows that close at this token.
+        Returns (closing token indices [w], entry ids [w], entries [w, dim]).
+        """
+        m = self.ratio
+        tail_k[slots, positions.remainder(self.tail_rows)] = k
+        tail_z[slots, positions.remainder(self.tail_rows)] = z
+        close = ((positions + 1).remainder(m) == 0).nonzero().flatten()
+        j = torch.div(positions[close], m, rounding_mode="floor")
+        if close.numel() == 0:
+            return close, j, k.new_zeros(0, self.dim, dtype=out_dtype)
+        s = slots[close]
+        span = 2 * m if self.overlap else m
+        pos = (j[:, None] + 1) * m - span + torch.arange(span, device=k.device)[None, :]  # [w, span]
+        rows = pos.remainder(self.tail_rows)
+        buf_k, buf_z = tail_k[s[:, None], rows], tail_z[s[:, None], rows]  # [w, span, C]
+        if self.overlap:
+            d = self.dim
+            first = pos[:, :m, None] >= 0
+            kv = torch.cat((torch.where(first, buf_k[:, :m, :d], 0.0), buf_k[:, m:, d:]), dim=1)
+            sc = torch.cat((torch.where(first, buf_z[:, :m, :d], float("-inf")), buf_z[:, m:, d:]), dim=1)
+        else:
+            kv, sc = buf_k, buf_z
+        entries = tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
+        return close, j, finish(entries, j * m)

@@ -23,6 +23,7 @@ class Indexer:
         self.wq_b, self.weights_proj, self.compressor, self.rope = wq_b, weights_proj, compressor, rope
         self.heads, self.dim, self.topk, self.qat = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, qat
         self.weight_scale = self.dim**-0.5 * self.heads**-0.5
+        self.record, self.recorded = False, []
 
     def rotate_quant(self, x: torch.Tensor) -> torch.Tensor:
         """Hadamard (orthonormal, applied to q and k alike) then, in the simulation, FP4 quant-dequant."""
@@ -42,7 +43,7 @@ class Indexer:
         w = linear(x, self.weights_proj).float() * self.weight_scale
         view = b.comp[4]
         keys = pool.index_keys[layer].view(pool.num_blocks, view.rows_per_block, self.dim)
-        return deep_select.indexer_topk(
+        sel = deep_select.indexer_topk(
             q,
             w,
             keys,
@@ -52,3 +53,6 @@ class Indexer:
             block_table=pool.block_table,
             rows_per_block=view.rows_per_block,
         )
+        if self.record:  # tests compare the selections with DeepSeek's reference
+            self.recorded.append(sel)
+        return sel

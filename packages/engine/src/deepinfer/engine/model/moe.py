@@ -8,6 +8,7 @@ from deepinfer import tile_kernels as tk
 
 from ..config import ModelConfig
 from ..weights import QWeight, linear
+from .moe_grouped import GroupedExperts, grouped_available
 
 
 class Expert:
@@ -29,6 +30,7 @@ class MoE:
     ) -> None:
         self.cfg, self.gate, self.bias, self.tid2eid = cfg, gate.float(), bias, tid2eid
         self.experts, self.shared = experts, shared
+        self.grouped: GroupedExperts | None = None
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k] int64); the router runs in fp32."""
@@ -43,18 +45,28 @@ class MoE:
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] normed FFN input; token_ids: [T]. Returns [T, hidden] in x.dtype."""
         weights, ids = self.route(x, token_ids)
-        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        counts = torch.bincount(flat, minlength=len(self.experts))
         tok = order // ids.shape[1]
         w = weights.flatten()[order]
+        if grouped_available(x):
+            if self.grouped is None:
+                self.grouped = GroupedExperts(self.experts, x.dtype)
+            y = self.grouped(x, tok, w, counts)
+        else:
+            y = self._loop(x, tok, w, counts.tolist())
+        if self.shared is not None:
+            y += self.shared(x).float()
+        return y.to(x.dtype)
+
+    def _loop(self, x: torch.Tensor, tok: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Reference: one expert at a time over its expert-sorted pairs. Returns fp32 [T, hidden]."""
+        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         lo = 0
         for e, n in enumerate(counts):
             if n:
                 rows = tok[lo : lo + n]
                 y.index_add_(0, rows, self.experts[e](x[rows]).float() * w[lo : lo + n, None])
             lo += n
-        if self.shared is not None:
-            y += self.shared(x).float()
-        return y.to(x.dtype)
+        return y

@@ -1,0 +1,249 @@
+"""`Buffer`: DeepEP-style expert-parallel dispatch / combine (normal and low-latency modes).
+
+The reference implementation (`reference.py`, `reference_ll.py`) moves data with
+`torch.distributed.all_to_all_single` (gloo on CPU, NCCL on CUDA) or, for world size 1, with a local
+permutation. It completes every transfer before returning: the `hook` of the low-latency calls is a
+no-op and there are no events. Experts are split evenly and contiguously over ranks: rank r owns global
+experts [r * E / R, (r + 1) * E / R); "local expert e" on rank r is global expert r * E / R + e.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import overload
+
+import torch
+import torch.distributed as dist
+
+from . import reference as ref
+from . import reference_ll as ref_ll
+from ._checks import FLOAT_X, check_int, check_num_experts, check_same_device, check_tensor, check_topk, check_x
+from ._comm import Comm
+from .handles import DispatchHandle, LowLatencyHandle
+
+XPayload = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def _no_op_hook() -> None:
+    """The reference completes transfers eagerly, so waiting for arrival has nothing to do."""
+
+
+class Buffer:
+    """Communication buffer of one expert-parallel group (DeepEP's `deep_ep.Buffer`).
+
+    group: the process group of the EP ranks, or None for a single process (world size 1, no
+    torch.distributed needed). num_nvl_bytes / num_rdma_bytes / low_latency_mode / num_qps_per_rank /
+    explicitly_destroy size and configure the fast path's buffers; the reference validates and keeps them.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        explicitly_destroy: bool = False,
+    ) -> None:
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group: expected a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+        self.num_nvl_bytes = check_int("num_nvl_bytes", num_nvl_bytes, 0)
+        self.num_rdma_bytes = check_int("num_rdma_bytes", num_rdma_bytes, 0)
+        self.num_qps_per_rank = check_int("num_qps_per_rank", num_qps_per_rank, 1)
+        self.low_latency_mode = bool(low_latency_mode)
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.group = group
+        self._comm = Comm(group)
+        self.rank: int = self._comm.rank
+        self.group_size: int = self._comm.world_size
+
+    def destroy(self) -> None:
+        """Release the buffer (nothing to release in the reference; kept for DeepEP's explicit-destroy API)."""
+
+    def get_dispatch_layout(
+        self, topk_idx: torch.Tensor, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Count where tokens go.
+
+        topk_idx: int64 (or int32) [t, k], global expert ids, -1 = masked slot. num_experts: E, a
+        multiple of the world size R.
+        Returns (num_tokens_per_rank int32 [R], num_tokens_per_expert int32 [E], is_token_in_rank bool
+        [t, R]); a token counts once per rank and once per expert. (DeepEP also returns
+        num_tokens_per_rdma_rank and an event; the reference has neither.)
+        """
+        idx, _ = check_topk(topk_idx, None, None)
+        check_num_experts(num_experts, self.group_size)
+        return ref.dispatch_layout(idx, num_experts, self.group_size)
+
+    def dispatch(
+        self,
+        x: XPayload,
+        handle: DispatchHandle | None = None,
+        num_tokens_per_rank: torch.Tensor | None = None,
+        is_token_in_rank: torch.Tensor | None = None,
+        num_tokens_per_expert: torch.Tensor | None = None,
+        topk_idx: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None = None,
+        expert_alignment: int = 1,
+        num_experts: int | None = None,
+    ) -> tuple[XPayload, torch.Tensor | None, torch.Tensor | None, list[int], DispatchHandle]:
+        """Normal-mode dispatch: send each token ONCE to every rank owning one of its top-k experts.
+
+        x: [t, hidden] bfloat16 (float16 / float32 also pass through bit-exactly), or an FP8 pair
+           (float8_e4m3fn [t, hidden], scales float32 | float8_e8m0fnu [t, ceil(hidden/128)]).
+        topk_idx: int64 (or int32) [t, k] global expert ids, -1 = masked; topk_weights: float32 [t, k].
+        num_tokens_per_rank / is_token_in_rank / num_tokens_per_expert: optional outputs of
+           `get_dispatch_layout` (shape-checked; is_token_in_rank must match topk_idx).
+        expert_alignment: each entry of the returned count list is rounded up to a multiple of it.
+        num_experts: E; needed only when num_tokens_per_expert (whose length is E, DeepEP's source) is not given.
+        handle: pass a previous dispatch's handle (and no topk) to send new x along the same routing.
+
+        Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle):
+          recv_x: like x with num_recv rows, grouped by source rank (ascending), tokens in ascending index
+             within a source; a token whose slots are all -1 goes nowhere.
+          recv_topk_idx: int64 [num_recv, k] LOCAL expert ids, -1 where the slot's expert is on another
+             rank (or was masked); recv_topk_weights: float32 [num_recv, k], 0 where recv_topk_idx is -1.
+          num_recv_tokens_per_expert_list: per local expert, received tokens that chose it (aligned).
+          With a cached handle, recv_topk_idx and recv_topk_weights are None.
+        """
+        t = check_x(x)
+        if handle is not None:
+            return self._cached_dispatch(x, t, handle, topk_idx, topk_weights)
+        if topk_idx is None or topk_weights is None:
+            raise ValueError("topk_idx and topk_weights: both are required when no handle is given")
+        idx, w = check_topk(topk_idx, topk_weights, t)
+        num_experts = self._num_experts(num_experts, num_tokens_per_expert, num_tokens_per_rank)
+        check_int("expert_alignment", expert_alignment, 1)
+        if is_token_in_rank is not None:
+            check_tensor("is_token_in_rank", is_token_in_rank, (torch.bool,), [t, self.group_size])
+        xt = x[0] if isinstance(x, tuple) else x
+        check_same_device(x=xt, topk_idx=idx, topk_weights=w, is_token_in_rank=is_token_in_rank)
+        return ref.dispatch(self._comm, x, idx, w, num_experts, is_token_in_rank, expert_alignment)
+
+    def _num_experts(
+        self, num_experts: int | None, per_expert: torch.Tensor | None, per_rank: torch.Tensor | None
+    ) -> int:
+        """E from num_tokens_per_expert's length (DeepEP's way) or from num_experts; both must agree."""
+        if per_rank is not None:
+            check_tensor("num_tokens_per_rank", per_rank, (torch.int32, torch.int64), [self.group_size])
+        if per_expert is not None:
+            check_tensor("num_tokens_per_expert", per_expert, (torch.int32, torch.int64), [num_experts])
+            return check_num_experts(per_expert.shape[0], self.group_size)
+        if num_experts is None:
+            raise ValueError("num_experts: required when num_tokens_per_expert is not given (and no handle)")
+        return check_num_experts(num_experts, self.group_size)
+
+    def _cached_dispatch(
+        self, x: XPayload, t: int, handle: object, topk_idx: object, topk_weights: object
+    ) -> tuple[XPayload, None, None, list[int], DispatchHandle]:
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"handle: expected a DispatchHandle from dispatch, got {type(handle).__name__}")
+        if topk_idx is not None or topk_weights is not None:
+            raise ValueError("topk_idx / topk_weights: must be None when dispatching with a cached handle")
+        if t != handle.num_tokens:
+            raise ValueError(f"x: expected {handle.num_tokens} tokens (the handle's), got {t}")
+        recv_x = ref.cached_dispatch(self._comm, x, handle)
+        return recv_x, None, None, list(handle.num_recv_tokens_per_expert_list), handle
+
+    @overload
+    def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: None = None) -> torch.Tensor: ...
+
+    @overload
+    def combine(
+        self, x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def combine(
+        self, x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normal-mode combine: return each received row to its source and sum per original token.
+
+        x: [num_recv, hidden] bfloat16 (or float16 / float32), row i answering row i of recv_x. The
+           contract (DeepEP's): each rank returns, per received token, sum_k w_k * expert_k(token) over
+           ITS local experts (w = recv_topk_weights, already 0 for other ranks' experts); combine adds no
+           weights. handle: the DispatchHandle of the dispatch.
+        Returns combined [t, hidden] of x.dtype: for each original token the sum, over the ranks it was
+        sent to, of the rows they returned (float32 sum in rank order, one rounding; 0 for a token sent
+        nowhere). When topk_weights float32 [num_recv, k] is given, returns (combined,
+        combined_topk_weights float32 [t, k]) with the weights summed the same way — which rebuilds the
+        original weights of all unmasked slots from recv_topk_weights.
+        """
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"handle: expected a DispatchHandle from dispatch, got {type(handle).__name__}")
+        check_tensor("x", x, FLOAT_X, [handle.num_recv_tokens, None])
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, (torch.float32,), [handle.num_recv_tokens, None])
+        check_same_device(x=x, topk_weights=topk_weights, handle=handle.send_token_idx)
+        combined, weights = ref.combine(self._comm, x, handle, topk_weights)
+        return combined if weights is None else (combined, weights)
+
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+    ) -> tuple[XPayload, torch.Tensor, LowLatencyHandle, Callable[[], None]]:
+        """Low-latency dispatch: one row per (token, expert) pair, in DeepGEMM's masked layout.
+
+        x: [t, hidden] bfloat16 (float32 accepted), t <= num_max_dispatch_tokens_per_rank; hidden % 128 == 0
+           when use_fp8. topk_idx: int64 (or int32) [t, k] global ids, -1 = masked, distinct per row.
+        use_fp8: quantise per token per 128 channels (scale = max(amax, 1e-4) / 448; `round_scale` rounds
+           it up to a power of two; `use_ue8m0` (needs round_scale) stores scales as float8_e8m0fnu).
+        Returns (recv_x, recv_count, handle, hook):
+          recv_x: [E_local, max * R, hidden] of x.dtype, or when use_fp8 a pair (float8_e4m3fn
+             [E_local, max * R, hidden], scales float32 | float8_e8m0fnu [E_local, max * R, hidden/128],
+             contiguous). Rows of expert e: 0..recv_count[e]-1, ordered by source rank then token;
+             rows past recv_count[e] are zero in the reference (unspecified for fast paths).
+          recv_count: int32 [E_local]. hook: call it before reading recv_x (a no-op in the reference,
+             which completes eagerly; DeepEP's return_recv_hook semantics).
+        """
+        check_tensor("x", x, (torch.bfloat16, torch.float32), [None, None])
+        t, hidden = x.shape
+        idx, _ = check_topk(topk_idx, None, t)
+        check_same_device(x=x, topk_idx=idx)
+        check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, max(t, 1))
+        check_num_experts(num_experts, self.group_size)
+        if use_fp8 and hidden % 128 != 0:
+            raise ValueError(f"x: FP8 dispatch needs hidden % 128 == 0, got hidden={hidden}")
+        if use_ue8m0 and not round_scale:
+            raise ValueError("use_ue8m0: requires round_scale=True (E8M0 holds powers of two only)")
+        recv_x, count, handle = ref_ll.low_latency_dispatch(
+            self._comm, x, idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0
+        )
+        return recv_x, count, handle, _no_op_hook
+
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: LowLatencyHandle,
+        use_logfmt: bool = False,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Low-latency combine: combined[t] = sum over unmasked k of topk_weights[t, k] * (expert output of (t, k)).
+
+        x: [E_local, max * R, hidden] bfloat16 (or float32), x[e, i] the output for recv_x[e, i] (rows
+           past recv_count are ignored). topk_idx / topk_weights: the [t, k] routing given to
+           low_latency_dispatch and its float32 weights. handle: that dispatch's LowLatencyHandle.
+        out: optional [t, hidden] buffer of x.dtype written in place. use_logfmt=True is not supported.
+        Returns (combined [t, hidden] x.dtype, float32 reduction then one rounding; hook, a no-op).
+        """
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(
+                f"handle: expected a LowLatencyHandle from low_latency_dispatch, got {type(handle).__name__}"
+            )
+        if use_logfmt:
+            raise NotImplementedError("use_logfmt=True: the LogFMT combine format is not implemented")
+        per_rank = handle.num_experts // self.group_size
+        slots = handle.num_max_dispatch_tokens_per_rank * self.group_size
+        check_tensor("x", x, (torch.bfloat16, torch.float32), [per_rank, slots, handle.hidden])
+        idx, w = check_topk(topk_idx, topk_weights, handle.num_tokens)
+        if out is not None:
+            check_tensor("out", out, (x.dtype,), [handle.num_tokens, handle.hidden])
+        check_same_device(x=x, topk_idx=idx, topk_weights=w, out=out)
+        return ref_ll.low_latency_combine(self._comm, x, idx, w, handle, out), _no_op_hook

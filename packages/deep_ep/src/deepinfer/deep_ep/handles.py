@@ -1,0 +1,65 @@
+"""Handles returned by dispatch: what combine needs to send expert outputs back (opaque to callers).
+
+Index tensors live on the device of the dispatched data; counts are Python lists (the CPU already knows
+them after dispatch, as in DeepEP's normal mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DispatchHandle:
+    """Normal-mode routing of one dispatch.
+
+    Sender side: `send_token_idx` int64 [sum(send_counts)] lists our tokens in send order (grouped by
+    destination rank, ascending token index within a rank); `send_counts[r]` rows went to rank r.
+    Receiver side: `recv_counts[r]` rows came from rank r; received rows are grouped by source rank and
+    `recv_src_idx` int64 [num_recv] gives each row's token index on its source rank.
+    `is_token_in_rank` bool [num_tokens, world] is the layout used; `num_recv_tokens_per_expert_list`
+    is what dispatch returned (so a cached dispatch can return it again).
+    """
+
+    num_tokens: int
+    num_experts: int
+    is_token_in_rank: torch.Tensor
+    send_token_idx: torch.Tensor
+    send_counts: list[int]
+    recv_counts: list[int]
+    recv_src_idx: torch.Tensor
+    num_recv_tokens_per_expert_list: list[int]
+
+    @property
+    def num_recv_tokens(self) -> int:
+        """Rows this rank received (the row count combine expects)."""
+        return sum(self.recv_counts)
+
+
+@dataclass(frozen=True)
+class LowLatencyHandle:
+    """Low-latency-mode routing of one dispatch.
+
+    Sender side: one row per (token, top-k slot) with a valid expert, in send order (ascending global
+    expert id, then token): `send_token` / `send_slot` int64 [sum(send_counts)]; `send_counts[r]` rows went
+    to rank r. `topk_idx` [num_tokens, k] is the routing dispatched (combine checks it gets the same).
+    Receiver side, in arrival order (source rank, then local expert, then token): `recv_expert` /
+    `recv_pos` int64 [sum(recv_counts)] say where each row was placed in recv_x (`recv_x[e, pos]`);
+    `recv_src_rank` / `recv_src_token` int64 say where it came from.
+    """
+
+    num_tokens: int
+    hidden: int
+    num_experts: int
+    num_max_dispatch_tokens_per_rank: int
+    topk_idx: torch.Tensor
+    send_token: torch.Tensor
+    send_slot: torch.Tensor
+    send_counts: list[int]
+    recv_counts: list[int]
+    recv_expert: torch.Tensor
+    recv_pos: torch.Tensor
+    recv_src_rank: torch.Tensor
+    recv_src_token: torch.Tensor
