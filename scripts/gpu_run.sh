@@ -13,8 +13,8 @@
 #
 # Packages are installed editable with DEEPINFER_DEVICE=cuda (builds csrc/cuda/ into _C). Results go to
 # $OUT (default ./gpu-out): junit-gpu.xml, bench-<pkg>.json, logs/; every benchmark JSON is also copied
-# to benchmarks/results/<date>-<name>.json. Root benchmarks: benchmarks/{test,bench}_*.py run under
-# pytest-benchmark; other benchmarks/*.py run as scripts with DEEPINFER_BENCH_OUT=<dir> for their JSON.
+# to benchmarks/results/<date>-<name>.json. Root benchmarks: benchmarks/test_*.py run under
+# pytest-benchmark; every other benchmarks/*.py with a __main__ block runs as `python <script> --out <json>`.
 # A failing part does not stop the others; the exit status is non-zero when any part failed.
 set -uo pipefail
 
@@ -98,8 +98,8 @@ copy_result() {
   [[ "$1" == "$OUT/$2.json" ]] || cp "$1" "$OUT/$2.json"
 }
 
-# Benchmark files may be named bench_*.py; root pyproject's norecursedirs skips benchmarks/ only when
-# recursing, so naming the folder explicitly collects it.
+# Package benchmark files may be named bench_*.py or test_*.py; root pyproject's norecursedirs skips
+# benchmarks/ only when recursing, so naming the folder explicitly collects it.
 BENCH_OPTS=(-o "python_files=test_*.py bench_*.py")
 
 run_benchmarks() {
@@ -109,18 +109,18 @@ run_benchmarks() {
     run "bench-$pkg" "$PY" -m pytest -q "${BENCH_OPTS[@]}" "packages/$pkg/benchmarks" --benchmark-json="$OUT/bench-$pkg.json"
     copy_result "$OUT/bench-$pkg.json" "bench-$pkg"
   done
-  if compgen -G "benchmarks/test_*.py" >/dev/null || compgen -G "benchmarks/bench_*.py" >/dev/null; then
-    run bench-e2e "$PY" -m pytest -q "${BENCH_OPTS[@]}" benchmarks --benchmark-json="$OUT/bench-e2e.json"
+  if compgen -G "benchmarks/test_*.py" >/dev/null; then
+    run bench-e2e "$PY" -m pytest -q benchmarks --benchmark-json="$OUT/bench-e2e.json"
     copy_result "$OUT/bench-e2e.json" bench-e2e
   fi
+  # Engine benchmark scripts: any other benchmarks/*.py with a __main__ block (helpers have none).
   for script in benchmarks/*.py; do
-    case "$(basename "$script")" in test_* | bench_* | conftest.py) continue ;; esac
-    [[ -f "$script" ]] || continue
+    case "$(basename "$script")" in test_* | conftest.py) continue ;; esac
+    if [[ ! -f "$script" ]] || ! grep -q '__main__' "$script"; then continue; fi
     local name
     name="e2e-$(basename "$script" .py)"
-    mkdir -p "$OUT/$name"
-    run "$name" env DEEPINFER_BENCH_OUT="$OUT/$name" "$PY" "$script"
-    ((DRY)) || for json in "$OUT/$name"/*.json; do [[ -f "$json" ]] && cp "$json" "benchmarks/results/$STAMP-$name-$(basename "$json")"; done
+    run "$name" "$PY" "$script" --out "$OUT/$name.json"
+    copy_result "$OUT/$name.json" "$name"
   done
 }
 

@@ -6,6 +6,7 @@ temporary folder; they need scikit-build-core, cmake and ninja (installed by .ci
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -125,15 +126,20 @@ def test_kernelkit_wheel_is_pure_and_outside_the_namespace(cpu_wheels: dict[str,
 
 @pytest.mark.parametrize("pkg", KERNEL_PKGS)
 def test_installed_wheel_imports_alone(pkg: str, cpu_wheels: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
-    # Unpacking a pure wheel is installing it; only this one package is on the path (no sibling imports).
+    # Unpacking a pure wheel is installing it. `python -S` skips .pth files, so editable installs of
+    # DeepInfer elsewhere cannot redirect the import; the site-packages holding torch comes after ours.
     with zipfile.ZipFile(cpu_wheels[pkg]) as zf:
         zf.extractall(tmp_path / "site")
+    torch_site = pathlib.Path(importlib.util.find_spec("torch").origin).parents[1]
     code = (
-        f"import deepinfer.{pkg} as m, json; i = m.build_info(); "
-        f"assert i['path'].startswith({str(tmp_path)!r}), i; print(json.dumps([i['built_for'], m.__version__]))"
+        f"import sys, json, deepinfer.{pkg} as m; i = m.build_info(); "
+        f"assert i['path'].startswith({str(tmp_path)!r}), i; "
+        f"others = [n for n in sys.modules if n.startswith('deepinfer.') and not n.startswith('deepinfer.{pkg}')]; "
+        "assert not others, others; print(json.dumps([i['built_for'], m.__version__]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEEPINFER_")}
-    res = _run([sys.executable, "-c", code], {**env, "PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(torch_site)])
+    res = _run([sys.executable, "-S", "-c", code], env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ['["cpu",', '"0.1.0"]']
 
