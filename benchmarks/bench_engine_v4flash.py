@@ -39,6 +39,16 @@ def _prompts(b: int, n: int, vocab: int, dev: torch.device) -> torch.Tensor:
     return ids.to(dev)
 
 
+def _hf_cache(out):
+    """transformers >= 5.2x returns `.cache`; earlier 5.x `.past_key_values` (and takes that keyword)."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def _hf_step(model, tok, mask, cache):
+    key = "cache" if "cache" in model.forward.__code__.co_varnames else "past_key_values"
+    return model(input_ids=tok, attention_mask=mask, use_cache=True, logits_to_keep=1, **{key: cache})
+
+
 @torch.no_grad()
 def bench_hf(model, b: int, n: int, steps: int, dev: torch.device) -> dict:
     ids = _prompts(b, n, model.config.vocab_size, dev)
@@ -48,11 +58,11 @@ def bench_hf(model, b: int, n: int, steps: int, dev: torch.device) -> dict:
     out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
     _sync(dev)
     t1 = time.perf_counter()
-    cache, tok, first = out.cache, out.logits[:, -1].argmax(-1, keepdim=True), out.logits[0, -1].float()
+    cache, tok, first = _hf_cache(out), out.logits[:, -1].argmax(-1, keepdim=True), out.logits[0, -1].float()
     for i in range(steps):
         mask = torch.cat((mask, torch.ones_like(tok)), dim=1)
-        out = model(input_ids=tok, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
-        cache, tok = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        out = _hf_step(model, tok, mask, cache)
+        cache, tok = _hf_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)
     _sync(dev)
     t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "first_logits": first.cpu()}
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-tokens", type=int, default=8192, help="max prefill tokens per DeepInfer step")
     ap.add_argument("--smoke", action="store_true", help="tiny widths on CPU (checks the script, not speed)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="profile one DeepInfer decode step at the largest batch")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -155,8 +166,40 @@ def main(argv: list[str] | None = None) -> int:
                                           "cosine": torch.nn.functional.cosine_similarity(a, c, dim=0).item(),
                                           "same_argmax": bool(a.argmax() == c.argmax())}
         print(f"deepinfer b={b}: {results['deepinfer'][b]}", flush=True)
+    if args.profile:
+        profile_decode(runner, max(batches), args.prompt_len, dev)
     _report(results, args, dev)
     return 0
+
+
+def profile_decode(runner, b: int, n: int, dev: torch.device) -> None:
+    """Print where one decode step's time goes (CUDA time vs host time, kernel counts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepinfer.engine.sequence import SeqChunk
+
+    slots = [runner.cache.allocate_slot() for _ in range(b)]
+    for s in slots:
+        runner.cache.reserve(s, n + 2)
+    ids = _prompts(b, n, runner.vocab_size, dev).tolist()
+    step = max(1, 8192 // n)
+    for lo in range(0, b, step):
+        runner.forward([SeqChunk(slots[i], ids[i], 0, "none") for i in range(lo, min(b, lo + step))])
+    chunks = [SeqChunk(s, [5], n, "last") for s in slots]
+    _sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        runner.forward(chunks)
+        _sync(dev)
+        wall = time.perf_counter() - t0
+    ev = prof.key_averages()
+    cuda_us = sum(e.self_device_time_total for e in ev)
+    print(f"PROFILE b={b}: wall {wall * 1e3:.2f} ms, summed kernel time {cuda_us / 1e3:.2f} ms, "
+          f"kernel launches {sum(e.count for e in ev if e.self_device_time_total > 0)}")
+    print(ev.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
+    print(ev.table(sort_by="count", row_limit=15, max_name_column_width=60))
+    for s in slots:
+        runner.cache.free_slot(s)
 
 
 def _report(results: dict, args, dev: torch.device) -> None:

@@ -12,7 +12,7 @@
 #   --dry-run    print the commands instead of running them
 #
 # Packages are installed editable with DEEPINFER_DEVICE=cuda (builds csrc/cuda/ into _C). Results go to
-# $OUT (default ./gpu-out): junit-gpu.xml, bench-<pkg>.json, logs/; every benchmark JSON is also copied
+# $OUT (default build/gpu-out): junit-gpu.xml, bench-<pkg>.json, logs/; every benchmark JSON is also copied
 # to benchmarks/results/<date>-<name>.json. Root benchmarks: benchmarks/test_*.py run under
 # pytest-benchmark; every other benchmarks/*.py with a __main__ block runs as `python <script> --out <json>`.
 # A failing part does not stop the others; the exit status is non-zero when any part failed.
@@ -40,7 +40,7 @@ done
 ((${#PKGS[@]})) || PKGS=("${ALL_PKGS[@]}")
 [[ -n "$WHEELS" || ! -d .whl ]] || WHEELS=.whl
 
-OUT="${OUT:-$PWD/gpu-out}"
+OUT="${OUT:-$PWD/build/gpu-out}"  # build/ is gitignored
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT/logs" benchmarks/results

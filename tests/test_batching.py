@@ -35,7 +35,7 @@ def test_sixteen_prompts_together_equal_alone(llm):
         assert list(out.token_ids) == list(alone.token_ids)
         assert len(out.token_ids) == 10
     cache = llm.runner.cache
-    assert cache.num_free_blocks == cache.num_blocks and cache.num_free_slots == cache.num_slots
+    assert cache.num_free_blocks == cache.num_blocks and cache.num_free_slots == cache.num_user_slots
 
 
 def test_seeded_sampling_is_batch_invariant(llm):

@@ -55,13 +55,13 @@ def test_random_admission_never_leaks(cfg):
                 continue
             live[slot] = 0
         assert pool.num_free_blocks + pool.held_blocks() == pool.num_blocks
-        assert pool.num_free_slots + len(live) == pool.num_slots
+        assert pool.num_free_slots + len(live) == pool.num_user_slots
         for slot, n in live.items():
             held = (pool.block_table[slot] >= 0).sum().item()
             assert held == pool.blocks_for(n)
     for slot in list(live):
         pool.free_slot(slot)
-    assert pool.num_free_blocks == pool.num_blocks and pool.num_free_slots == pool.num_slots
+    assert pool.num_free_blocks == pool.num_blocks and pool.num_free_slots == pool.num_user_slots
     assert (pool.block_table == -1).all()
 
 

@@ -7,6 +7,7 @@ import torch
 from .cache.layout import bytes_per_block
 from .cache.pool import CachePool
 from .config import ModelConfig
+from .graphs import DecodeGraphs, graphs_enabled
 from .model.batch import StepBatch, build_step
 from .model.model import DeepseekV4
 from .sequence import SeqChunk
@@ -37,6 +38,7 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         qat: bool = False,
         num_blocks: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -55,6 +57,8 @@ class ModelRunner:
         self.cache = CachePool(cfg, num_slots=slots, num_blocks=blocks, max_model_len=max_model_len, dtype=dtype,
                                device=self.device)
         self.cache_bytes = blocks * bytes_per_block(cfg, elem)
+        self.graphs = DecodeGraphs(self, self.cache.num_slots) if cuda_graphs and graphs_enabled(
+            self.device, dtype) else None
 
     @property
     def vocab_size(self) -> int:
@@ -73,10 +77,10 @@ class ModelRunner:
             if c.want not in ("last", "all", "none"):
                 raise ValueError(f"want must be 'last', 'all' or 'none', got {c.want!r}")
 
-    def step_batch(self, chunks: list[SeqChunk]) -> StepBatch:
+    def step_batch(self, chunks: list[SeqChunk], static_width: bool = False) -> StepBatch:
         return build_step(
             self.cache, [c.token_ids for c in chunks], [c.start_pos for c in chunks], [c.slot for c in chunks],
-            self.model.compress_ratios,
+            self.model.compress_ratios, static_width,
         )
 
     @torch.inference_mode()
@@ -89,6 +93,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, chunks: list[SeqChunk]) -> list[torch.Tensor | None]:
         """Per chunk: fp32 logits [1, vocab] ("last"), [len, vocab] ("all") or None ("none")."""
+        if self.graphs is not None and chunks and all(len(c.token_ids) == 1 for c in chunks):
+            self._check(chunks)
+            if self.graphs.bucket(len(chunks)) is not None:
+                logits = self.graphs.run(chunks)
+                return [None if c.want == "none" else logits[i : i + 1] for i, c in enumerate(chunks)]
         b, resid = self.forward_hidden(chunks)
         rows, spans = [], []
         for c, lo, n in zip(chunks, b.cu, b.lens):

@@ -30,15 +30,22 @@ class CachePool:
         if num_slots < 1 or num_blocks < 0:
             raise ValueError(f"num_slots must be >= 1 and num_blocks >= 0, got {num_slots} and {num_blocks}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
-        self.num_slots, self.num_blocks = num_slots, num_blocks
+        self.num_blocks = num_blocks
+        # One extra slot that is never handed out: CUDA-graph batches are padded with it. It owns no blocks, so
+        # padded tokens see no compressed rows and write only to its own ring / tails and the trash rows.
+        self.dummy_slot = num_slots
+        num_slots += 1
+        self.num_slots = num_slots
         self.window = cfg.window_size
         self.block_tokens = block_tokens_for(cfg)
         self.max_blocks_per_seq = -(-max_model_len // self.block_tokens)
         self.specs: list[LayerCacheSpec] = layer_specs(cfg)
         self.ring_rows = num_slots * self.window
-        self.kv = [self._alloc(self.ring_rows + num_blocks * s.rows_per_block, cfg.head_dim) for s in self.specs]
+        # The last row of every KV / index-key tensor is a trash row: predicated writes (decode steps that run
+        # without host syncs, CUDA-graph padding) send the rows they must not store there.
+        self.kv = [self._alloc(self.ring_rows + num_blocks * s.rows_per_block + 1, cfg.head_dim) for s in self.specs]
         self.index_keys = [
-            self._alloc(num_blocks * s.rows_per_block, cfg.index_head_dim) if s.kind == "csa" else None
+            self._alloc(num_blocks * s.rows_per_block + 1, cfg.index_head_dim) if s.kind == "csa" else None
             for s in self.specs
         ]
         self.tail_kv = [self._tail(s.tail_rows, s.tail_width) for s in self.specs]
@@ -47,7 +54,7 @@ class CachePool:
         self.index_tail_score = [self._tail(s.tail_rows, s.index_tail_width) for s in self.specs]
         self.block_table = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=device)
         self._free_blocks = list(range(num_blocks - 1, -1, -1))
-        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._free_slots = list(range(num_slots - 2, -1, -1))  # the dummy slot is not free
         self._slot_blocks: dict[int, list[int]] = {}
 
     def _alloc(self, rows: int, width: int) -> torch.Tensor:
@@ -98,6 +105,11 @@ class CachePool:
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
+
+    @property
+    def num_user_slots(self) -> int:
+        """Slots that sequences can hold (the padding slot excluded)."""
+        return self.num_slots - 1
 
     @property
     def num_free_slots(self) -> int:

@@ -67,10 +67,10 @@ class Attention:
             k_all, z_all = comp.project(x, b.positions)
             offset = 0 if store is pool.kv[layer] else pool.ring_rows  # indexer keys have no ring region
             if decode:
-                close, j, ent = comp.run_decode(k_all, z_all, b.positions, b.slots, tail_k, tail_z, finish, x.dtype)
-                if j.numel():
-                    rows = entry_rows(pool, b.slots[close], j[:, None], view.rows_per_block)[:, 0].long()
-                    store[rows - offset] = ent.to(store.dtype)
+                closes, j, ent = comp.run_decode(k_all, z_all, b.positions, b.slots, tail_k, tail_z, finish, x.dtype)
+                rows = entry_rows(pool, b.slots, j[:, None], view.rows_per_block)[:, 0].long() - offset
+                trash = store.shape[0] - 1
+                store[torch.where(closes & (rows >= 0), rows, trash)] = ent.to(store.dtype)
                 continue
             for r, (start, n) in enumerate(zip(b.starts, b.lens)):
                 lo, slot = b.cu[r], int(b.slots[r])
@@ -95,10 +95,10 @@ class Attention:
     def _write_window(self, kv: torch.Tensor, b: StepBatch, pool: CachePool, layer: int) -> None:
         """Store each chunk's last W new KV rows in the slot's ring (row p % W)."""
         w = pool.window
-        end = torch.tensor([s + n for s, n in zip(b.starts, b.lens)], device=kv.device)[b.tok_seq]
-        keep = b.positions >= end - w
+        keep = b.positions >= b.chunk_end - w
         rows = b.slots[b.tok_seq] * w + b.positions.remainder(w)
-        pool.kv[layer][rows[keep]] = kv[keep].to(pool.dtype)
+        trash = pool.kv[layer].shape[0] - 1  # predicated write: no host sync
+        pool.kv[layer][torch.where(keep, rows, trash)] = kv.to(pool.dtype)
 
     def forward(self, x: torch.Tensor, b: StepBatch, cs: tuple, pool: CachePool, layer: int) -> torch.Tensor:
         """x: [T, hidden] attention input (normed). Returns [T, hidden]."""

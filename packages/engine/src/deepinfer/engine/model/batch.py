@@ -32,6 +32,7 @@ class StepBatch:
     cu: list[int]  # [R + 1] token offsets of the chunks
     win_ring_idx: torch.Tensor = None  # [T, W] int32 rows of the pool's ring (positions before the chunk)
     win_new_idx: torch.Tensor = None  # [T, W] int32 rows of the step's new KV (positions inside the chunk)
+    chunk_end: torch.Tensor = None  # [T] int64: end position (exclusive) of each token's chunk
     comp: dict[int, CompressedView] = field(default_factory=dict)  # per compress ratio
 
     @property
@@ -50,9 +51,18 @@ class CompressedView:
 
 
 def build_step(
-    pool: CachePool, token_ids: list[list[int]], starts: list[int], slots: list[int], ratios: set[int]
+    pool: CachePool,
+    token_ids: list[list[int]],
+    starts: list[int],
+    slots: list[int],
+    ratios: set[int],
+    static_width: bool = False,
 ) -> StepBatch:
-    """Lay out a step and build the shared index lists for the given compress `ratios` (0 excluded)."""
+    """Lay out a step and build the shared index lists for the given compress `ratios` (0 excluded).
+
+    static_width: size the HCA index lists for the longest possible sequence (CUDA graphs need fixed shapes)
+    instead of the longest one in this step.
+    """
     dev = pool.device
     lens = [len(t) for t in token_ids]
     cu = [0]
@@ -70,9 +80,10 @@ def build_step(
         lens=lens,
         cu=cu,
     )
+    b.chunk_end = torch.tensor([s + n for s, n in zip(starts, lens)], dtype=torch.int64, device=dev)[b.tok_seq]
     _window_indices(b, pool)
     for r in sorted(ratios):
-        b.comp[r] = _compressed_view(b, pool, r)
+        b.comp[r] = _compressed_view(b, pool, r, static_width)
     return b
 
 
@@ -100,12 +111,15 @@ def entry_rows(pool: CachePool, slots: torch.Tensor, entries: torch.Tensor, rows
     return torch.where(valid & (blocks >= 0), rows, -1).to(torch.int32)
 
 
-def _compressed_view(b: StepBatch, pool: CachePool, ratio: int) -> CompressedView:
+def _compressed_view(b: StepBatch, pool: CachePool, ratio: int, static_width: bool) -> CompressedView:
     rpb = pool.block_tokens // ratio
     visible = torch.div(b.positions + 1, ratio, rounding_mode="floor").to(torch.int32)
     all_rows = None
     if ratio != 4:  # HCA attends to every closed entry
-        width = int(visible.max().item()) if b.num_tokens else 0
+        if static_width:
+            width = pool.max_blocks_per_seq * rpb
+        else:
+            width = int(visible.max().item()) if b.num_tokens else 0
         j = torch.arange(width, device=visible.device)[None, :].expand(b.num_tokens, width)
         ent = torch.where(j < visible[:, None], j, -1)
         all_rows = entry_rows(pool, b.slots[b.tok_seq], ent, rpb)

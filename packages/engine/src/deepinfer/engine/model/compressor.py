@@ -103,25 +103,23 @@ class Compressor:
         finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         out_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One new token per sequence, all sequences at once (no Python loop over sequences).
+        """One new token per sequence, all sequences at once, without host syncs (CUDA-graph safe).
 
         k, z: [b, coff*dim]; positions, slots: [b]; tail_k, tail_z: [num_slots, tail_rows, coff*dim] (all slots).
-        Writes each token into its slot's tail row p % tail_rows (the rows it replaces are older than any
-        window still open), then pools the windows that close at this token.
-        Returns (closing token indices [w], entry ids [w], entries [w, dim]).
+        Writes each token into its slot's tail row p % tail_rows (the row it replaces is older than any window
+        still open), then pools a window ending at every token. Only tokens that close a window
+        ((p + 1) % ratio == 0) hold a real entry: the caller stores the others in the trash row.
+        Returns (closes [b] bool, entry ids [b] int64, entries [b, dim]).
         """
         m = self.ratio
         tail_k[slots, positions.remainder(self.tail_rows)] = k
         tail_z[slots, positions.remainder(self.tail_rows)] = z
-        close = ((positions + 1).remainder(m) == 0).nonzero().flatten()
-        j = torch.div(positions[close], m, rounding_mode="floor")
-        if close.numel() == 0:
-            return close, j, k.new_zeros(0, self.dim, dtype=out_dtype)
-        s = slots[close]
+        closes = (positions + 1).remainder(m) == 0
+        j = torch.div(positions, m, rounding_mode="floor")
         span = 2 * m if self.overlap else m
-        pos = (j[:, None] + 1) * m - span + torch.arange(span, device=k.device)[None, :]  # [w, span]
+        pos = (j[:, None] + 1) * m - span + torch.arange(span, device=k.device)[None, :]  # [b, span]
         rows = pos.remainder(self.tail_rows)
-        buf_k, buf_z = tail_k[s[:, None], rows], tail_z[s[:, None], rows]  # [w, span, C]
+        buf_k, buf_z = tail_k[slots[:, None], rows], tail_z[slots[:, None], rows]  # [b, span, C]
         if self.overlap:
             d = self.dim
             first = pos[:, :m, None] >= 0
@@ -130,4 +128,4 @@ class Compressor:
         else:
             kv, sc = buf_k, buf_z
         entries = tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
-        return close, j, finish(entries, j * m)
+        return closes, j, finish(entries, j * m)

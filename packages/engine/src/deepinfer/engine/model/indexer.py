@@ -42,7 +42,7 @@ class Indexer:
         q = self.rotate_quant(self.rope.apply(q, cs))
         w = linear(x, self.weights_proj).float() * self.weight_scale
         view = b.comp[4]
-        keys = pool.index_keys[layer].view(pool.num_blocks, view.rows_per_block, self.dim)
+        keys = pool.index_keys[layer][:-1].view(pool.num_blocks, view.rows_per_block, self.dim)  # minus trash row
         sel = deep_select.indexer_topk(
             q,
             w,

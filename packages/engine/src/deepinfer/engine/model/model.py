@@ -47,6 +47,7 @@ class DeepseekV4:
         ]
         self.norm = src.take("norm.weight")
         self.head_w = src.take("head.weight")
+        self._head_f32: torch.Tensor | None = None
         self.hc_head = build_head(src, "")
         self.mtp = [
             MTPBlock(src, cfg, i, build_block(src, cfg, f"mtp.{i}", r, False, self.ropes, qat))
@@ -82,7 +83,9 @@ class DeepseekV4:
         head = head or self.hc_head
         h = tk.mhc_head(resid, head.fn, head.scale, head.base, c.rms_norm_eps, c.hc_eps)
         h = tk.rms_norm(h, self.norm if norm is None else norm, c.rms_norm_eps)
-        return h.float() @ self.head_w.float().t()
+        if self._head_f32 is None:  # the head runs in fp32 (as the reference); convert the weight once
+            self._head_f32 = self.head_w.float()
+        return h.float() @ self._head_f32.t()
 
     def mtp_forward(self, i: int, resid: torch.Tensor, b: StepBatch, pool: CachePool) -> torch.Tensor:
         """MTP block i. resid: main residual [T, hc, d] at positions b.positions; b.token_ids hold the

@@ -47,7 +47,10 @@ class MoE:
         weights, ids = self.route(x, token_ids)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=len(self.experts))
+        # scatter-add rather than bincount: bincount sizes its output from the data (a host sync)
+        counts = torch.zeros(len(self.experts), dtype=torch.int64, device=x.device).index_add_(
+            0, flat, torch.ones_like(flat)
+        )
         tok = order // ids.shape[1]
         w = weights.flatten()[order]
         if grouped_available(x):

@@ -16,7 +16,9 @@ class Rope:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tables [t, rope_dim/2] fp32 for positions [t]."""
-        return tk.rope_cos_sin(positions, self.inv_freq.to(positions.device))
+        if self.inv_freq.device != positions.device:  # keep the table on the device: no copy per step
+            self.inv_freq = self.inv_freq.to(positions.device)
+        return tk.rope_cos_sin(positions, self.inv_freq)
 
     def apply(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor], inverse: bool = False) -> torch.Tensor:
         """x: [t, ..., d]; cs from `cos_sin` for the same t positions."""

@@ -1,0 +1,79 @@
+"""CUDA graphs of the decode step: one graph per batch-size bucket, replayed with new inputs.
+
+A decode step (one token per sequence) launches thousands of small kernels; on a GPU the host cannot keep
+up, so the step costs far more than its kernels. Capturing the whole step (layers + head) once per bucket
+and replaying it removes that overhead. The step must not sync with the host and must have fixed shapes:
+the forward path is written that way (predicated writes to trash rows, fixed-width index lists), batches are
+padded up to the bucket with the cache's dummy slot, and inputs are copied into the graph's static tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+
+import torch
+
+from .model.batch import StepBatch
+from .sequence import SeqChunk
+
+_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+_TENSOR_FIELDS = [f.name for f in fields(StepBatch) if f.name not in ("starts", "lens", "cu", "comp")]
+
+
+def graphs_enabled(device: torch.device, dtype: torch.dtype) -> bool:
+    """CUDA graphs apply to bf16 on CUDA (the fp32 reference path runs experts in a host-synced loop)."""
+    from .model.moe_grouped import grouped_available
+
+    probe = torch.empty(0, device=device, dtype=dtype)
+    return (
+        device.type == "cuda" and grouped_available(probe) and os.environ.get("DEEPINFER_CUDA_GRAPHS", "1") != "0"
+    )
+
+
+class DecodeGraphs:
+    """Captured decode steps of a ModelRunner, keyed by padded batch size."""
+
+    def __init__(self, runner, max_batch: int) -> None:
+        self.runner = runner
+        self.buckets = sorted({b for b in _BUCKETS if b < max_batch} | {max_batch})
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepBatch, torch.Tensor]] = {}
+        self.mempool = torch.cuda.graph_pool_handle()
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _batch(self, chunks: list[SeqChunk], size: int) -> StepBatch:
+        dummy = self.runner.cache.dummy_slot
+        pad = [SeqChunk(dummy, [0], 0, "last")] * (size - len(chunks))
+        return self.runner.step_batch([*chunks, *pad], static_width=True)
+
+    def _capture(self, size: int) -> None:
+        model, cache = self.runner.model, self.runner.cache
+        static = self._batch([], size)  # all padding: the warm-up writes only the dummy slot and trash rows
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up fills lazy caches (dequantised weights) outside the capture
+            model.logits(model.forward(static, cache))
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            out = model.logits(model.forward(static, cache))
+        self.graphs[size] = (graph, static, out)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        """fp32 logits [len(chunks), vocab] of a decode step (every chunk is one token)."""
+        size = self.bucket(len(chunks))
+        if size not in self.graphs:
+            self._capture(size)
+        graph, static, out = self.graphs[size]
+        new = self._batch(chunks, size)
+        for name in _TENSOR_FIELDS:
+            getattr(static, name).copy_(getattr(new, name))
+        for r, view in static.comp.items():
+            view.visible.copy_(new.comp[r].visible)
+            if view.all_rows is not None:
+                view.all_rows.copy_(new.comp[r].all_rows)
+        graph.replay()
+        return out[: len(chunks)]
