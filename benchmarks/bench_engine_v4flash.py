@@ -86,10 +86,10 @@ def bench_ours(runner, b: int, n: int, steps: int, dev: torch.device, step_token
     _sync(dev)
     t1 = time.perf_counter()
     first = last[0][0].float()
-    tok = torch.cat([x.argmax(-1) for x in last]).tolist()
+    tok = torch.cat(last).argmax(-1).tolist()
     for i in range(steps):
         outs = runner.forward([SeqChunk(s, [t], n + i, "last") for s, t in zip(slots, tok)])
-        tok = torch.cat([x.argmax(-1) for x in outs]).tolist()
+        tok = torch.cat(outs).argmax(-1).tolist()
     _sync(dev)
     t2 = time.perf_counter()
     for s in slots:

@@ -27,10 +27,10 @@ def golden():
     return load_file(str(FIXTURE / "golden.safetensors"))
 
 
-def _runner(dtype: torch.dtype) -> ModelRunner:
+def _runner(dtype: torch.dtype, max_num_seqs: int = 4) -> ModelRunner:
     cfg = load_config(FIXTURE)
     return ModelRunner(cfg, load_weights(FIXTURE, cfg, progress=False), dtype=dtype, device="cuda",
-                       max_num_seqs=2, max_model_len=512, gpu_memory_utilization=0.5)
+                       max_num_seqs=max_num_seqs, max_model_len=512, gpu_memory_utilization=0.5)
 
 
 def test_fixture_fp32_on_cuda(golden):

@@ -15,9 +15,12 @@ The MoE grouped GEMMs are in `api_moe.py` and re-exported here.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import reference as ref
+from .backends.cuda import cublas as _cublas
 from ._checks import (
     check_fp8_act,
     check_k,
@@ -50,6 +53,11 @@ _FLOAT_IN = (torch.bfloat16, torch.float32)
 _LOW_OUT = (torch.bfloat16, torch.float32)
 
 
+def _cublas_ok(a: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bool:
+    """The cuBLAS bf16 path applies (CUDA, bf16 in and out, no C) unless the package is forced to reference."""
+    return _cublas.applies(a, out, c) and os.environ.get("DEEPINFER_DEEP_GEMM_BACKEND", "auto") != "reference"
+
+
 def _check_float_operands(a: torch.Tensor, b: torch.Tensor) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must share a dtype (bf16 or float32), got a {a.dtype} and b {b.dtype}")
@@ -78,6 +86,8 @@ def bf16_gemm_nt(
     out = check_out(out, (m, n), out_dtypes, a)
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if _cublas_ok(a, out, c):
+        return _cublas.bf16_gemm_nt(a, b, out)
     return ref.bf16_gemm_nt(a, b, out, c)
 
 
@@ -131,6 +141,8 @@ def grouped_gemm_nt_bf16(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     out = check_out(out, (t, g, n), out_dtypes, a)
     if out is None:
         out = torch.empty((t, g, n), dtype=a.dtype, device=a.device)
+    if _cublas_ok(a, out, None):
+        return _cublas.grouped_gemm_nt_bf16(a, b, out)
     return ref.grouped_gemm_nt_bf16(a, b, out)
 
 

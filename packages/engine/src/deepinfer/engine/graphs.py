@@ -43,10 +43,10 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def _batch(self, chunks: list[SeqChunk], size: int) -> StepBatch:
+    def _batch(self, chunks: list[SeqChunk], size: int, on_host: bool = False) -> StepBatch:
         dummy = self.runner.cache.dummy_slot
         pad = [SeqChunk(dummy, [0], 0, "last")] * (size - len(chunks))
-        return self.runner.step_batch([*chunks, *pad], static_width=True)
+        return self.runner.step_batch([*chunks, *pad], static_width=True, on_host=on_host)
 
     def _capture(self, size: int) -> None:
         model, cache = self.runner.model, self.runner.cache
@@ -68,12 +68,12 @@ class DecodeGraphs:
         if size not in self.graphs:
             self._capture(size)
         graph, static, out = self.graphs[size]
-        new = self._batch(chunks, size)
+        new = self._batch(chunks, size, on_host=True)  # built on the host, one copy per tensor
         for name in _TENSOR_FIELDS:
-            getattr(static, name).copy_(getattr(new, name))
+            getattr(static, name).copy_(getattr(new, name), non_blocking=True)
         for r, view in static.comp.items():
-            view.visible.copy_(new.comp[r].visible)
+            view.visible.copy_(new.comp[r].visible, non_blocking=True)
             if view.all_rows is not None:
-                view.all_rows.copy_(new.comp[r].all_rows)
+                view.all_rows.copy_(new.comp[r].all_rows, non_blocking=True)
         graph.replay()
         return out[: len(chunks)]

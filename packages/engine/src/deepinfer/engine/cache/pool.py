@@ -53,6 +53,8 @@ class CachePool:
         self.index_tail_kv = [self._tail(s.tail_rows, s.index_tail_width) for s in self.specs]
         self.index_tail_score = [self._tail(s.tail_rows, s.index_tail_width) for s in self.specs]
         self.block_table = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=device)
+        # A host copy, kept equal: step metadata for CUDA graphs is built on the host without device round trips.
+        self.block_table_host = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32)
         self._free_blocks = list(range(num_blocks - 1, -1, -1))
         self._free_slots = list(range(num_slots - 2, -1, -1))  # the dummy slot is not free
         self._slot_blocks: dict[int, list[int]] = {}
@@ -137,10 +139,12 @@ class CachePool:
             return True
         if need > len(self._free_blocks):
             return False
+        first = len(blocks)
         for _ in range(need):
-            b = self._free_blocks.pop()
-            self.block_table[slot, len(blocks)] = b
-            blocks.append(b)
+            blocks.append(self._free_blocks.pop())
+        new = torch.tensor(blocks[first:], dtype=torch.int32)
+        self.block_table_host[slot, first : len(blocks)] = new
+        self.block_table[slot, first : len(blocks)] = new.to(self.device)
         return True
 
     def free_slot(self, slot: int) -> None:
@@ -148,6 +152,7 @@ class CachePool:
         blocks = self._slot_blocks.pop(slot)
         self._free_blocks.extend(reversed(blocks))
         self.block_table[slot].fill_(-1)
+        self.block_table_host[slot].fill_(-1)
         self._free_slots.append(slot)
 
     def held_blocks(self) -> int:
