@@ -59,7 +59,7 @@ def bench_hf(model, b: int, n: int, steps: int, dev: torch.device) -> dict:
     _sync(dev)
     t1 = time.perf_counter()
     cache, tok, first = _hf_cache(out), out.logits[:, -1].argmax(-1, keepdim=True), out.logits[0, -1].float()
-    for i in range(steps):
+    for _ in range(steps):
         mask = torch.cat((mask, torch.ones_like(tok)), dim=1)
         out = _hf_step(model, tok, mask, cache)
         cache, tok = _hf_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)

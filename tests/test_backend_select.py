@@ -30,6 +30,7 @@ class FakePkg:
         self.dir = root / "fakens" / "fakepkg"
         self.dir.mkdir(parents=True)
         (self.dir / "__init__.py").write_text('__version__ = "0.0.1"\n')
+        (self.dir / "backends.py").write_text('IMPLEMENTED = ("triton",)\n')
         shutil.copy(SRC, self.dir / "_backend.py")
 
     def add(self, name: str, text: str) -> None:
@@ -61,6 +62,13 @@ def test_auto_ladder(fake: FakePkg, monkeypatch: pytest.MonkeyPatch) -> None:
     assert b.backend("npu:0") == "reference"  # no torch_npu
     monkeypatch.setitem(sys.modules, "triton", None)  # None in sys.modules makes `import triton` fail
     assert b.backend("cuda:1") == "reference"
+
+
+def test_no_triton_kernels_means_reference(fake: FakePkg) -> None:
+    """A package that declares no Triton kernels never claims the Triton backend, even on CUDA."""
+    fake.add("backends", "IMPLEMENTED = ()\n")
+    b = fake.load()
+    assert b.backend("cuda") == "reference"
 
 
 @pytest.mark.skipif(not _has_triton(), reason="triton is a test dependency (.ci/run installs it)")

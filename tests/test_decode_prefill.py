@@ -6,12 +6,8 @@ ring and closes two HCA windows and many CSA windows, in prefill chunks that sta
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
 from hf_tiny import build_hf_model, random_prompt, save_official_checkpoint  # noqa: E402
 
 from deepinfer.engine.config_parse import load_config  # noqa: E402

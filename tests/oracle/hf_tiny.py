@@ -127,7 +127,8 @@ def random_prompt(vocab: int, n: int, seed: int) -> list[int]:
 
 def save_official_checkpoint(model, out_dir: Path) -> Path:
     """The same weights under DeepSeek's official names (per-expert, no `model.` prefix) with an official-style
-    config.json (`compress_ratios`; transformers has no MTP block, `num_hash_layers`, `rope_scaling`), one shard + index."""
+    config.json (`compress_ratios`, `num_hash_layers`, `rope_scaling`; transformers has no MTP block), one shard
+    plus its index."""
     import json
 
     from safetensors.torch import save_file
@@ -158,7 +159,8 @@ def save_official_checkpoint(model, out_dir: Path) -> Path:
         "norm_topk_prob", "tie_word_embeddings")}
     cfg.update(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"], num_hidden_layers=len(c.layer_types),
                num_nextn_predict_layers=0, compress_ratios=ratios,
-               num_hash_layers=sum(t == "hash_moe" for t in c.mlp_layer_types), rope_theta=c.rope_parameters["main"]["rope_theta"],
+               num_hash_layers=sum(t == "hash_moe" for t in c.mlp_layer_types),
+               rope_theta=c.rope_parameters["main"]["rope_theta"],
                torch_dtype="float32",
                rope_scaling={"type": "yarn", "factor": rope["factor"], "beta_fast": rope["beta_fast"],
                              "beta_slow": rope["beta_slow"],

@@ -7,12 +7,8 @@ greedy generations must be identical.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
 from hf_tiny import (  # noqa: E402
     CONFIGS,
     build_hf_model,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from deepinfer.deep_ep import Buffer, per_token_cast_to_fp8
 from ep_cases import BF16_REL, HIDDEN, K, World, assert_within, expert, moe_oracle
+
+from deepinfer.deep_ep import Buffer, per_token_cast_to_fp8
 
 U32 = 2.0**-24
 MAX_TOKENS = 16  # >= the largest per-rank token count of ep_cases.make_world

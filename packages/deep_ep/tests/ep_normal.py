@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from deepinfer.deep_ep import Buffer
 from ep_cases import BF16_REL, K, World, assert_within, expected_recv, expert, fp8_dequant64, fp8_pair, moe_oracle
+
+from deepinfer.deep_ep import Buffer
 
 U32 = 2.0**-24
 

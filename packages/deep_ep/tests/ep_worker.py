@@ -16,10 +16,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from deepinfer.deep_ep import Buffer
 from ep_cases import make_world
 from ep_low_latency import check_low_latency
 from ep_normal import check_normal
+
+from deepinfer.deep_ep import Buffer
 
 
 def run_all(group: dist.ProcessGroup | None, seed: int) -> None:

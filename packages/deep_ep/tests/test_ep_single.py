@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.deep_ep import Buffer, DispatchHandle, LowLatencyHandle, per_token_cast_to_fp8
 from ep_low_latency import scales64
+
+from deepinfer.deep_ep import Buffer, DispatchHandle, LowLatencyHandle, per_token_cast_to_fp8
 
 E = 8
 

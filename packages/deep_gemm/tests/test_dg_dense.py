@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.deep_gemm import api, dequant
 from dg_testing import (
     FP8,
     act64,
@@ -17,6 +16,8 @@ from dg_testing import (
     rand_scales,
     weight64,
 )
+
+from deepinfer.deep_gemm import api, dequant
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.deep_gemm import api
 from dg_testing import act64, assert_gemm_close, gen, rand_float, rand_fp4, rand_fp8, rand_scales, weight64
+
+from deepinfer.deep_gemm import api
 
 G, N, K = 4, 192, 256
 

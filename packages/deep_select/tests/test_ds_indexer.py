@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.deep_select import api
 from ds_checks import check_topk
+
+from deepinfer.deep_select import api
 
 U32 = 2.0**-24  # fp32 unit roundoff
 

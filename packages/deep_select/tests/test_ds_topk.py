@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.deep_select import api
 from ds_checks import DISTRIBUTIONS, check_topk, make_scores
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from deepinfer.deep_select import api
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SIZES = st.one_of(st.integers(1, 80), st.sampled_from([255, 511, 512, 513, 1000, 2048, 4096]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch
 from deepinfer.engine.cache.layout import block_tokens_for, bytes_per_block, bytes_per_slot, layer_specs
 from deepinfer.engine.cache.pool import CachePool
 from deepinfer.engine.config_parse import load_config
-from pathlib import Path
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "v4-tiny-official"
 

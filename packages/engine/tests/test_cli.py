@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from deepinfer.engine import cli
 from deepinfer.engine.sampling_params import SamplingParams
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from deepinfer.engine.config import DSparkConfig, QuantConfig, YarnConfig
 from deepinfer.engine.config_parse import config_from_dict, load_config
 

@@ -13,6 +13,7 @@ import string
 
 import pytest
 import torch
+
 from deepinfer.engine.llm import LLM
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import SeqChunk

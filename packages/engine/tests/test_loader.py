@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
 from deepinfer.engine.config_parse import load_config
 from deepinfer.engine.loader import allowed_dtypes, expected_tensors, load_weights, resolve_model_path
 from deepinfer.engine.loader.safetensors_io import read_raw
 from deepinfer.tile_kernels import dequant_fp8_block, unpack_fp4
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "v4-tiny-official"
 INDEX = "model.safetensors.index.json"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from deepinfer.engine.config_parse import load_config
 from deepinfer.engine.loader import expected_tensors, load_weights, official_name
-from safetensors.torch import save_file
 
 # transformers parameter suffix (inside a layer) -> official suffix, written out by hand from
 # `reference/v4-architecture.md` section 8 so the test does not reuse the loader's own table.

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from deepinfer.engine.sampler import row_seed, sample, token_logprobs
 from deepinfer.engine.sampling_params import SamplingParams
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from deepinfer.engine.sampling_params import SamplingParams
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine.sequence import Sequence

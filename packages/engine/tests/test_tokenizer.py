@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from deepinfer.engine.tokenizer import BUILTIN_CHAT_TEMPLATE, load_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "v4-tiny-official"

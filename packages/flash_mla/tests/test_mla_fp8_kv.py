@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer.flash_mla import api
 
 NOPE, TILE, BYTES = 448, 64, 584

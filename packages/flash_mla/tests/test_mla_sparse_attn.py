@@ -6,8 +6,9 @@ import zlib
 
 import pytest
 import torch
-from deepinfer.flash_mla import api
 from mla_checks import assert_attention_close, dense_oracle, poison_unused, ragged_indices
+
+from deepinfer.flash_mla import api
 
 D = 512
 SCALE = D**-0.5

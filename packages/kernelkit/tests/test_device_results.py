@@ -11,9 +11,10 @@ import pathlib
 import random
 import stat
 
-import kernelkit.device as device
 import pytest
 import torch
+
+import kernelkit.device as device
 from kernelkit import driver_version, gpu_name, sw_versions, write_results_json
 
 

@@ -7,6 +7,7 @@ import secrets
 
 import pytest
 import torch
+
 from kernelkit import (
     accum_tol,
     assert_close_rel,

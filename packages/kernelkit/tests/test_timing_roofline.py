@@ -7,9 +7,10 @@ import random
 import time
 from collections.abc import Callable
 
-import kernelkit.timing as timing
 import pytest
 import torch
+
+import kernelkit.timing as timing
 from kernelkit import H200_CEILINGS, bench_cuda, floor_us, gbps, pct_of, tflops
 
 

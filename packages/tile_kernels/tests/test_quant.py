@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+
 from deepinfer.tile_kernels.api_quant import (
     dequant_fp8_block,
     fp4_pack,

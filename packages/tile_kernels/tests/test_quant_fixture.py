@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
 from deepinfer.tile_kernels.api_quant import (
     dequant_fp8_block,
     fp4_pack,
@@ -21,8 +24,6 @@ from deepinfer.tile_kernels.api_quant import (
     hadamard_transform,
     unpack_fp4,
 )
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "v4-tiny-official"
 

@@ -20,7 +20,6 @@ import os
 import torch
 
 from . import reference as ref
-from .backends.cuda import cublas as _cublas
 from ._checks import (
     check_fp8_act,
     check_k,
@@ -36,6 +35,7 @@ from .api_moe import (
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
 )
+from .backends.cuda import cublas as _cublas
 
 __all__ = [
     "bf16_gemm_nt",

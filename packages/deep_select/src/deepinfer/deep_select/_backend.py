@@ -39,6 +39,15 @@ def _compiled_error() -> str | None:
 
 
 @functools.cache
+def _implemented() -> tuple[str, ...]:
+    """Fast paths this package has (``backends.IMPLEMENTED``); ops without one still run the reference."""
+    try:
+        return tuple(getattr(importlib.import_module(f"{_PKG}.backends"), "IMPLEMENTED", ()))
+    except ImportError:
+        return ()
+
+
+@functools.cache
 def _module_error(module: str) -> str | None:
     """None when ``module`` imports, else the reason."""
     try:
@@ -75,6 +84,8 @@ def _unavailable(choice: str, dev: str, forced: bool) -> str | None:
     if choice == "cuda":
         return _compiled_error() if dev == "cuda" else f"device is {dev!r}, not 'cuda'"
     if choice == "triton":
+        if "triton" not in _implemented():
+            return f"{_PKG} has no Triton kernels yet"
         # TRITON_INTERPRET=1 runs Triton on CPU tensors; only a forced choice uses it: CI exports it for
         # kernel tests, and `auto` must not send every CPU call through the (slow) interpreter.
         interp = forced and dev == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"

@@ -138,6 +138,7 @@ def _make_llm(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
+        show_progress=not args.no_progress,
     )
 
 
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     params = [_sampling_params(base, r, f"--input line {r.get('_line')}", gen_parser) for r in requests]
     try:
         llm = _make_llm(args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:  # RuntimeError: hub download failed / offline
         gen_parser.error(str(exc))
     encoded = [_encode(llm, r, args.chat) for r in requests]
     outputs = llm.generate(

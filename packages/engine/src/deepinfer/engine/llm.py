@@ -63,13 +63,15 @@ class LLM:
         tokenizer: tokenizer directory (default: the model's).
         dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
         device: "auto" (CUDA when available), "cpu", "cuda" or "cuda:N".
-        max_model_len: most tokens (prompt + output) per sequence; None: the runner's default.
+        max_model_len: most tokens (prompt + output) per sequence; None: min(max_position_embeddings, 4096).
         gpu_memory_utilization: share of the GPU the runner may fill, weights and cache included.
         max_num_seqs: most sequences running at once.
         max_num_batched_tokens: most tokens fed to the model per step (chunked prefill splits longer prompts).
-        qat: simulate the checkpoint's FP8/FP4 quantisation; None: the runner's default.
+        qat: simulate DeepSeek's FP8 (KV) / FP4 (indexer) quantisation in the forward; None: on for quantised
+            (official-format) checkpoints, off for unquantised ones (what transformers computes).
         seed: seed of the stream that gives seedless requests their seeds.
         revision: hub branch, tag or commit.
+        show_progress: show the weight-loading progress bar.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class LLM:
         qat: bool | None = None,
         seed: int = 0,
         revision: str | None = None,
+        show_progress: bool = True,
     ) -> None:
         from .config_parse import load_config
         from .loader import load_weights, resolve_model_path
@@ -96,13 +99,7 @@ class LLM:
         model_dir = resolve_model_path(model, revision=revision)
         tok_dir = model_dir if tokenizer is None else resolve_model_path(tokenizer)
         cfg = load_config(model_dir)
-        weights = load_weights(model_dir, cfg, device=device)
-        # Only pass the optional knobs the caller set, so the runner's own defaults apply otherwise.
-        extra: dict[str, Any] = {}
-        if max_model_len is not None:
-            extra["max_model_len"] = max_model_len
-        if qat is not None:
-            extra["qat"] = qat
+        weights = load_weights(model_dir, cfg, device=device, progress=show_progress)
         runner = ModelRunner(
             cfg,
             weights,
@@ -110,7 +107,9 @@ class LLM:
             device=device,
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
-            **extra,
+            max_model_len=max_model_len or min(cfg.max_position_embeddings, 4096),
+            # DeepSeek's reference simulates FP8/FP4 on the KV path of its quantised (official) checkpoints.
+            qat=(cfg.quant.fmt is not None) if qat is None else qat,
         )
         self._setup(runner, load_tokenizer(tok_dir), max_num_seqs, max_num_batched_tokens, seed)
 

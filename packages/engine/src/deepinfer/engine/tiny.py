@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
 from deepinfer.engine.config import ModelConfig
 from deepinfer.engine.config_parse import config_from_dict
 from deepinfer.engine.loader.schema import expected_tensors, storage_dtype
 from deepinfer.engine.tiny_corpus import CORPUS
 from deepinfer.tile_kernels import fp4_pack, fp8_block_quant
-from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 FORMAT_VERSION = 1
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"

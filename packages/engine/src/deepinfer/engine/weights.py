@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from deepinfer import deep_gemm
 from deepinfer import tile_kernels as tk
 

@@ -6,12 +6,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+
 from deepinfer.engine.config import ModelConfig
 from deepinfer.engine.loader.names import is_merged_experts, is_skipped, official_name, split_merged_experts
 from deepinfer.engine.loader.safetensors_io import DTYPES, open_shard, peek, read_tensor, shard_index
 from deepinfer.engine.loader.schema import expected_tensors
 from deepinfer.engine.loader.validate import FoundTensor, check_against_schema
-from tqdm.auto import tqdm
 
 
 def load_weights(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from deepinfer.engine.config import ModelConfig, ratio_kind
 
 TensorSpec = tuple[tuple[int, ...], str]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from deepinfer.engine.loader.schema import TensorSpec, allowed_dtypes
 
 FoundTensor = tuple[tuple[int, ...], torch.dtype]

@@ -9,6 +9,7 @@ closed compressed row. The output gets the inverse RoPE, then the grouped low-ra
 from __future__ import annotations
 
 import torch
+
 from deepinfer import deep_gemm, flash_mla
 from deepinfer import tile_kernels as tk
 

@@ -13,7 +13,7 @@ from .attention import Attention
 from .block import Block, HyperConn
 from .compressor import Compressor
 from .indexer import Indexer
-from .moe import MoE, Expert
+from .moe import Expert, MoE
 from .rope import Rope
 
 

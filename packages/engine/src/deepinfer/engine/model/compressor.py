@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from deepinfer import tile_kernels as tk
 
 from ..weights import QWeight, linear

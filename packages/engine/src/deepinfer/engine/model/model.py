@@ -8,11 +8,11 @@ from deepinfer import tile_kernels as tk
 
 from ..cache.pool import CachePool
 from ..config import ModelConfig
+from ..weights import linear
 from .batch import StepBatch
 from .block import Block, HyperConn
 from .build import WeightSource, build_block, build_head
 from .rope import build_ropes
-from ..weights import linear
 
 
 class MTPBlock:

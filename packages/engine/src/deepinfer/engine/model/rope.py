@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from deepinfer import tile_kernels as tk
 
 from ..config import ModelConfig

@@ -1,0 +1,3 @@
+"""Fast-path implementations. No fast path yet: every op runs the PyTorch reference."""
+
+IMPLEMENTED: tuple[str, ...] = ()

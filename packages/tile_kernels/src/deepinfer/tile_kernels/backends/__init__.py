@@ -1,0 +1,3 @@
+"""Fast-path implementations. Triton: mhc_pre. Other ops: reference."""
+
+IMPLEMENTED: tuple[str, ...] = ("triton",)
