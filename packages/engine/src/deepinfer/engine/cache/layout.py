@@ -1,7 +1,8 @@
 """Per-layer cache layout: what state each layer kind keeps, and how many bytes it costs.
 
 Every layer (main layers, then MTP blocks) gets one KV tensor `kv[l]` of shape
-`[num_slots * W + num_blocks * R_l, D]`:
+`[num_slots * W + num_blocks * R_l + 1, D]` (num_slots counts the pool's padding slot; the last row is a trash
+row that predicated writes target):
 
 * rows `[slot * W, slot * W + W)`: the sequence's sliding-window ring (position p in row p % W);
 * rows after `num_slots * W`: paged compressed rows, `R_l = block_tokens // ratio_l` rows per block

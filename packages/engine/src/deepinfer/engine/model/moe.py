@@ -8,7 +8,7 @@ from deepinfer import tile_kernels as tk
 
 from ..config import ModelConfig
 from ..weights import QWeight, linear
-from .moe_grouped import GroupedExperts, grouped_available
+from .moe_grouped import GroupedExperts, GroupedExpertsFP4, fp4_grouped_available, grouped_available
 
 
 class Expert:
@@ -30,7 +30,7 @@ class MoE:
     ) -> None:
         self.cfg, self.gate, self.bias, self.tid2eid = cfg, gate.float(), bias, tid2eid
         self.experts, self.shared = experts, shared
-        self.grouped: GroupedExperts | None = None
+        self.grouped: GroupedExperts | GroupedExpertsFP4 | None = None
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k] int64); the router runs in fp32."""
@@ -53,9 +53,11 @@ class MoE:
         )
         tok = order // ids.shape[1]
         w = weights.flatten()[order]
-        if grouped_available(x):
-            if self.grouped is None:
-                self.grouped = GroupedExperts(self.experts, x.dtype)
+        if self.grouped is None and fp4_grouped_available(x, self.experts):
+            self.grouped = GroupedExpertsFP4(self.experts)
+        elif self.grouped is None and grouped_available(x):
+            self.grouped = GroupedExperts(self.experts, x.dtype)
+        if self.grouped is not None:
             y = self.grouped(x, tok, w, counts)
         else:
             y = self._loop(x, tok, w, counts.tolist())

@@ -51,3 +51,48 @@ class GroupedExperts:
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         out.index_add_(0, tok, y.float() * w[:, None])
         return out
+
+
+def fp4_grouped_available(x: torch.Tensor, experts: list) -> bool:
+    """The FP4-weight grouped GEMM applies: CUDA bf16 input, FP4 experts, not disabled by env."""
+    return (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and experts[0].w1.fmt == "fp4"
+        and os.environ.get("DEEPINFER_MOE_FP4", "1") != "0"
+    )
+
+
+class GroupedExpertsFP4:
+    """Experts kept in their stored FP4 format, stacked: w13 [E, 2I, H/2] int8 + [E, 2I, H/32] E8M0, w2 likewise.
+
+    The per-expert weights are re-pointed at views of the stack, so the model holds one copy. Each GEMM reads
+    only the packed weights of experts that got tokens (4.25 bits per weight instead of bf16's 16).
+    """
+
+    def __init__(self, experts: list) -> None:
+        from deepinfer import deep_gemm
+
+        self.gemm = deep_gemm.m_grouped_bf16_fp4_gemm_nt_contiguous
+        self.w13 = torch.stack([torch.cat((e.w1.weight, e.w3.weight)) for e in experts])
+        self.s13 = torch.stack([torch.cat((e.w1.scale, e.w3.scale)) for e in experts])
+        self.w2 = torch.stack([e.w2.weight for e in experts])
+        self.s2 = torch.stack([e.w2.scale for e in experts])
+        inter = experts[0].w1.weight.shape[0]
+        for i, e in enumerate(experts):  # drop the separate copies: views into the stack
+            e.w1.weight, e.w3.weight = self.w13[i, :inter], self.w13[i, inter:]
+            e.w1.scale, e.w3.scale = self.s13[i, :inter], self.s13[i, inter:]
+            e.w2.weight, e.w2.scale = self.w2[i], self.s2[i]
+            for q in (e.w1, e.w2, e.w3):
+                q._cache.clear()
+        self.inter, self.limit = inter, experts[0].limit
+
+    def __call__(self, x: torch.Tensor, tok: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Same contract as `GroupedExperts.__call__`; returns fp32 [T, H]."""
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = self.gemm(x[tok].contiguous(), (self.w13, self.s13), offs)
+        a = tk.swiglu_clamp(h[:, : self.inter], h[:, self.inter :], self.limit)
+        y = self.gemm(a.contiguous(), (self.w2, self.s2), offs)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out.index_add_(0, tok, y.float() * w[:, None])
+        return out
