@@ -174,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def profile_decode(runner, b: int, n: int, dev: torch.device) -> None:
     """Print where one decode step's time goes (CUDA time vs host time, kernel counts)."""
-    from torch.profiler import ProfilerActivity, profile
 
     from deepinfer.engine.sequence import SeqChunk
 
@@ -186,6 +185,21 @@ def profile_decode(runner, b: int, n: int, dev: torch.device) -> None:
     for lo in range(0, b, step):
         runner.forward([SeqChunk(slots[i], ids[i], 0, "none") for i in range(lo, min(b, lo + step))])
     chunks = [SeqChunk(s, [5], n, "last") for s in slots]
+    _profile_step(runner, chunks, dev, f"decode b={b}")
+    for s in slots:
+        runner.cache.free_slot(s)
+    slots = [runner.cache.allocate_slot() for _ in range(min(step, b))]
+    for s in slots:
+        runner.cache.reserve(s, n)
+    chunks = [SeqChunk(s, ids[i], 0, "last") for i, s in enumerate(slots)]
+    _profile_step(runner, chunks, dev, f"prefill {len(slots)}x{n}")
+    for s in slots:
+        runner.cache.free_slot(s)
+
+
+def _profile_step(runner, chunks, dev: torch.device, label: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
     _sync(dev)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
@@ -194,12 +208,9 @@ def profile_decode(runner, b: int, n: int, dev: torch.device) -> None:
         wall = time.perf_counter() - t0
     ev = prof.key_averages()
     cuda_us = sum(e.self_device_time_total for e in ev)
-    print(f"PROFILE b={b}: wall {wall * 1e3:.2f} ms, summed kernel time {cuda_us / 1e3:.2f} ms, "
+    print(f"PROFILE {label}: wall {wall * 1e3:.2f} ms, summed kernel time {cuda_us / 1e3:.2f} ms, "
           f"kernel launches {sum(e.count for e in ev if e.self_device_time_total > 0)}")
     print(ev.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
-    print(ev.table(sort_by="count", row_limit=15, max_name_column_width=60))
-    for s in slots:
-        runner.cache.free_slot(s)
 
 
 def _report(results: dict, args, dev: torch.device) -> None:

@@ -65,6 +65,12 @@ def test_grouped_moe_matches_loop_bf16(golden):
     grouped = GroupedExperts(moe.experts, torch.bfloat16)(x, tok, w, counts)
     rel = ((grouped - loop).norm() / loop.norm()).item()
     assert rel < 1e-2  # bf16 operands, fp32 accumulation: both paths round the same values differently
+    from deepinfer.engine.model.moe_grouped import GroupedExpertsFP4
+
+    fp4 = GroupedExpertsFP4(moe.experts)(x, tok, w, counts)  # packed FP4 weights, dequantised in registers
+    rel4 = ((fp4 - loop).norm() / loop.norm()).item()
+    print(f"grouped bf16 vs loop {rel:.2e}, FP4 kernel vs loop {rel4:.2e}")
+    assert rel4 < 1e-2
 
 
 def _decode_logits(r: ModelRunner, prompts: list[list[int]], steps: int) -> torch.Tensor:

@@ -170,3 +170,9 @@ def grouped_gemm_nt_fp8(
     if out is None:
         out = torch.empty((t, g, n), dtype=torch.bfloat16, device=a_val.device)
     return ref.grouped_gemm_nt_fp8(a_val, sfa, b_val, sfb, out)
+
+
+from .api_w4a16 import *  # noqa: E402,F401,F403  (bf16 x FP4-weight grouped GEMM)
+from .api_w4a16 import __all__ as _w4a16_all  # noqa: E402
+
+__all__ += list(_w4a16_all)

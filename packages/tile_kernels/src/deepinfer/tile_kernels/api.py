@@ -6,6 +6,8 @@ Every function has a reference twin in `reference.py`. Fast paths (Triton / CUDA
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import reference as _ref
@@ -24,6 +26,11 @@ __all__ = [
     "softmax_pool",
     "swiglu_clamp",
 ]
+
+
+def _triton_ok(x: torch.Tensor) -> bool:
+    """Triton kernels run for CUDA tensors unless DEEPINFER_TILE_KERNELS_BACKEND forces the reference."""
+    return x.is_cuda and os.environ.get("DEEPINFER_TILE_KERNELS_BACKEND", "auto").strip().lower() != "reference"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -76,6 +83,10 @@ def mhc_pre(
     _check_mhc(x, fn, (2 + hc) * hc)
     if sinkhorn_iters < 1:
         raise ValueError(f"sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
+    if _triton_ok(x) and hc >= 4 and hc & (hc - 1) == 0:
+        from .backends.cuda.triton_mhc import mhc_pre_triton  # imports triton: only on this path
+
+        return mhc_pre_triton(x, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
     return _ref.mhc_pre(x, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters)
 
 
@@ -138,10 +149,7 @@ def hash_route(
     return _ref.hash_route(logits, token_ids, tid2eid, scoring, route_scale, renorm)
 
 
-try:  # quantisation ops (api_quant.py) join the public API
-    from .api_quant import *  # noqa: F401,F403
-    from .api_quant import __all__ as _quant_all
+from .api_quant import *  # noqa: E402,F401,F403  (quantisation ops join the public API)
+from .api_quant import __all__ as _quant_all  # noqa: E402
 
-    __all__ += list(_quant_all)
-except ImportError:  # pragma: no cover - only while api_quant.py is being written
-    pass
+__all__ += list(_quant_all)

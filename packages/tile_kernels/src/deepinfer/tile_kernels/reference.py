@@ -22,10 +22,7 @@ __all__ = [
     "softmax_pool",
     "swiglu_clamp",
 ]
-try:  # the quantisation references live in their own module (ref/quant.py)
-    from .ref.quant import *  # noqa: F401,F403
-    from .ref.quant import __all__ as _quant_all
+from .ref.quant import *  # noqa: E402,F401,F403
+from .ref.quant import __all__ as _quant_all  # noqa: E402
 
-    __all__ += list(_quant_all)
-except ImportError:  # pragma: no cover - only while the module is being written
-    pass
+__all__ += list(_quant_all)

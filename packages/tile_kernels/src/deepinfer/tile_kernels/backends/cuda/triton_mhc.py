@@ -1,19 +1,23 @@
-"""One Triton kernel for mHC pre (`ref/mhc.py::mhc_pre`): RMS-scaled mixing logits, gates, Sinkhorn, stream mix.
+"""Triton mHC pre (`ref/mhc.py::mhc_pre`): RMS-scaled mixing logits, gates, Sinkhorn and the stream mix.
 
-Each program owns BLOCK_T tokens (so every fn tile read from L2 serves BLOCK_T tokens):
+Two launches (instead of ~120 small kernels), both over a (token block, split) grid so that a single decode
+token still spreads over the whole GPU:
 
-* pass 1 streams the token's hc*d values (one stream i at a time, BLOCK_K columns per step) and accumulates
-  the sum of squares and `x_flat @ fn^T` with an fp32 (IEEE, no TF32) `tl.dot` into a padded [BLOCK_T, NP]
-  accumulator, NP = 2*HC*HC. The fn rows are loaded into padded slots so that the accumulator reshapes to
-  [BLOCK_T, 2, HC, HC]: half 0 holds pre logits (row 0) and post logits (row 1), rows 2.. are zero; half 1 is
-  the HC x HC comb logit matrix (fn row 2*HC + HC*i + j -> slot HC*HC + HC*i + j).
-* the gates and the Sinkhorn projection run in registers on [BLOCK_T, HC, HC] tiles.
-* pass 2 re-reads x and writes x_in = sum_i pre[i] * x[:, i, :] in x.dtype, BLOCK_D columns per step.
+* `_mhc_mix_kernel`: program (b, s) takes BLOCK_T tokens and the s-th slice of the flattened hc*d axis and
+  writes fp32 partials of `x_flat @ fn^T` (tensor-core `tl.dot`s with ~fp32 accuracy: see DOT_PRECISION)
+  and of sum(x^2). The fn rows go into padded slots, NP = 2*HC*HC, so that the [BLOCK_T, NP] result
+  reshapes to [BLOCK_T, 2, HC, HC]: half 0 holds the pre logits (row 0) and post logits (row 1), its other
+  rows are zero; half 1 is the HC x HC comb logit matrix (fn row 2*HC + HC*i + j -> slot HC*HC + HC*i + j).
+* `_mhc_finish_kernel`: program (b, s) sums the partials of BLOCK_T tokens, forms the gates and the Sinkhorn
+  projection in registers on [BLOCK_T, HC, HC] tiles (split 0 stores post and comb) and writes the s-th slice
+  of x_in = sum_i pre[i] * x[:, i, :] in x.dtype.
 
-All math is fp32. The launcher does no host sync (CUDA-graph safe).
+All math is fp32; the launcher does no host sync (CUDA-graph safe) and its splits depend only on shapes.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -21,76 +25,124 @@ import triton.language as tl
 
 __all__ = ["mhc_pre_triton"]
 
-BLOCK_T = 16  # tokens per program; tl.dot needs >= 16 rows
-BLOCK_K = 128  # columns of one stream per pass-1 step (capped at next_pow2(d))
-BLOCK_D = 128  # columns per pass-2 step (capped at next_pow2(d))
-NUM_WARPS = 4
+MIX_BLOCK_K = 64  # flattened hc*d columns per mix step
+MIX_MAX_BLOCK_T = 64  # tokens per mix program for large t (fn tiles are reused by that many tokens)
+MIX_MAX_SPLITS = 64  # most hc*d slices per token block (the finish kernel sums that many partials)
+MIX_NUM_WARPS = 4
+MIX_NUM_STAGES = 3
+FIN_BLOCK_T = 4  # tokens per finish program
+FIN_BLOCK_D = 256  # d columns per finish step
+FIN_BLOCK_S = 8  # partials summed per finish step
+FIN_NUM_WARPS = 4
+# Mix dot precision. "auto": "bf16x3" for bf16 x on a GPU, else "tf32x3". "bf16x3": fn split into three bf16
+# terms (exact to ~2^-24) times the exact bf16 x, fp32 accumulation. "tf32x3": Triton's 3xTF32 (~fp32).
+# "ieee": exact fp32 on CUDA cores (3.5x slower than tf32x3 at t = 16k). The interpreter computes every
+# variant in fp32 (its bf16 tl.dot is wrong, so "bf16x3" is never picked there).
+DOT_PRECISION = "auto"
 
 
 @triton.jit
-def _mhc_pre_kernel(
-    x_ptr, fn_ptr, scale_ptr, base_ptr, xin_ptr, post_ptr, comb_ptr,
-    T, stride_xt, stride_xh, stride_xd, stride_fn_r, stride_fn_c,
-    rms_eps, hc_eps, sinkhorn_iters,
-    HC: tl.constexpr, D: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+def _mhc_mix_kernel(
+    x_ptr, fn_ptr, part_ptr, sq_ptr,
+    T, stride_xt, stride_xh, stride_xd, stride_fn_r, stride_fn_c, k_per_split,
+    HC: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """x [T, HC, D] (strided) -> xin [T, D] (contiguous, x dtype), post [T, HC], comb [T, HC, HC] fp32."""
+    """x [T, HC, D] (strided), fn [(2+HC)*HC, HC*D] -> part [S, T, 2*HC*HC] fp32, sq [S, T] fp32 (S = splits)."""
     NP: tl.constexpr = 2 * HC * HC
-    pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
+    K: tl.constexpr = HC * D
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
     tmask = tok < T
-    x_tok = x_ptr + tok.to(tl.int64) * stride_xt  # [BT] row pointers
+    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
 
-    # padded accumulator slot p -> fn row (or -1 for a zero slot)
-    p = tl.arange(0, NP)
+    p = tl.arange(0, NP)  # padded slot -> fn row, -1 for a zero slot
     fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
-    fn_rmask = fn_row >= 0
     fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r  # [NP]
+    fn_rmask = fn_row >= 0
 
-    # ---- pass 1: sum of squares and the NP dot products over the flattened hc*d axis
     kk = tl.arange(0, BLOCK_K)
+    k_lo = pid_s * k_per_split
     acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(HC):
-        for k0 in range(0, D, BLOCK_K):
-            col = k0 + kk  # [BK] column inside stream i
-            cmask = col < D
-            xv = tl.load(
-                x_tok[:, None] + i * stride_xh + col[None, :] * stride_xd,
-                mask=tmask[:, None] & cmask[None, :], other=0.0,
-            ).to(tl.float32)  # [BT, BK]
-            fv = tl.load(
-                fn_rows_ptr[None, :] + (i * D + col)[:, None].to(tl.int64) * stride_fn_c,
-                mask=fn_rmask[None, :] & cmask[:, None], other=0.0,
-            ).to(tl.float32)  # [BK, NP]
-            sq += xv * xv
-            acc = tl.dot(xv, fv, acc, input_precision="ieee")
-    ms = tl.sum(sq, axis=1) / (HC * D)  # [BT]
-    r = 1.0 / tl.sqrt(ms + rms_eps)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        k = k_lo + k0 + kk  # [BK] flattened column: stream k // D, position k % D
+        kmask = k < K
+        xr = tl.load(
+            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
+            mask=tmask[:, None] & kmask[None, :], other=0.0,
+        )  # [BT, BK] x dtype
+        fv = tl.load(
+            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
+            mask=fn_rmask[None, :] & kmask[:, None], other=0.0,
+        ).to(tl.float32)  # [BK, NP]
+        xv = xr.to(tl.float32)
+        sq += xv * xv
+        if PRECISION == "bf16x3":  # x is bf16: fn = f1 + f2 + f3 in bf16, each product exact in fp32
+            f1 = fv.to(tl.bfloat16)
+            r1 = fv - f1.to(tl.float32)
+            f2 = r1.to(tl.bfloat16)
+            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(xr, f3, acc)
+            acc = tl.dot(xr, f2, acc)
+            acc = tl.dot(xr, f1, acc)
+        else:
+            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
+
+    row = pid_s * T + tok.to(tl.int64)  # [BT] row of part / sq
+    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
+    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
+
+
+@triton.jit
+def _mhc_finish_kernel(
+    part_ptr, sq_ptr, x_ptr, scale_ptr, base_ptr, xin_ptr, post_ptr, comb_ptr,
+    T, S, stride_xt, stride_xh, stride_xd, d_per_split,
+    rms_eps, hc_eps, sinkhorn_iters,
+    HC: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """part [S, T, 2*HC*HC], sq [S, T], x [T, HC, D] -> xin [T, D] (x dtype), post [T, HC], comb [T, HC, HC]."""
+    NP: tl.constexpr = 2 * HC * HC
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < T
+    tok64 = tok.to(tl.int64)
+    p = tl.arange(0, NP)
+
+    # sum the S partials, BLOCK_S at a time, in a fixed order (deterministic)
+    sb = tl.arange(0, BLOCK_S)
+    acc3 = tl.zeros([BLOCK_S, BLOCK_T, NP], dtype=tl.float32)
+    ss2 = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        row = (s0 + sb)[:, None].to(tl.int64) * T + tok64[None, :]  # [BS, BT]
+        rmask = ((s0 + sb) < S)[:, None] & tmask[None, :]
+        acc3 += tl.load(part_ptr + row[:, :, None] * NP + p[None, None, :], mask=rmask[:, :, None], other=0.0)
+        ss2 += tl.load(sq_ptr + row, mask=rmask, other=0.0)
+    acc = tl.sum(acc3, axis=0)  # [BT, NP]
+    r = 1.0 / tl.sqrt(tl.sum(ss2, axis=0) / (HC * D) + rms_eps)  # [BT]
     m4 = tl.reshape(acc * r[:, None], [BLOCK_T, 2, HC, HC])
 
-    # ---- split the logits: half 0 -> pre (row 0), post (row 1); half 1 -> comb
+    # split the logits: half 0 -> pre (row 0) and post (row 1); half 1 -> comb (sums with exact zeros)
     h4 = tl.arange(0, 2)[None, :, None, None]
     pp = tl.sum(tl.where(h4 == 0, m4, 0.0), axis=1)  # [BT, HC, HC]
     cl = tl.sum(tl.where(h4 == 1, m4, 0.0), axis=1)  # [BT, HC, HC]
-    ri = tl.arange(0, HC)[None, :, None]  # row index of an [.., HC, HC] tile
+    ri = tl.arange(0, HC)[None, :, None]  # row index of a [.., HC, HC] tile
     cj = tl.arange(0, HC)[None, None, :]  # column index
-    pre_l = tl.sum(tl.where(ri == 0, pp, 0.0), axis=1)  # [BT, HC]
-    post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)  # [BT, HC]
-
     hh = tl.arange(0, HC)
+    pre_l = tl.sum(tl.where(ri == 0, pp, 0.0), axis=1)  # [BT, HC]
+    post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)
+
     s0 = tl.load(scale_ptr).to(tl.float32)
     s1 = tl.load(scale_ptr + 1).to(tl.float32)
     s2 = tl.load(scale_ptr + 2).to(tl.float32)
     b_pre = tl.load(base_ptr + hh).to(tl.float32)
     b_post = tl.load(base_ptr + HC + hh).to(tl.float32)
     b_comb = tl.load(base_ptr + 2 * HC + ri * HC + cj).to(tl.float32)  # [1, HC, HC]
-
     pre = 1.0 / (1.0 + tl.exp(-(pre_l * s0 + b_pre[None, :]))) + hc_eps  # [BT, HC]
-    post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))  # [BT, HC]
+    post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))
 
-    # ---- Sinkhorn on [BT, HC, HC]: softmax rows + eps, columns, then (iters - 1) x (rows, columns)
+    # Sinkhorn: softmax rows + eps, columns, then (iters - 1) x (rows, columns)
     z = cl * s2 + b_comb
     e = tl.exp(z - tl.max(z, axis=2)[:, :, None])
     c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
@@ -99,15 +151,16 @@ def _mhc_pre_kernel(
         c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
         c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
 
-    tok64 = tok.to(tl.int64)
-    tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=tmask[:, None])
-    tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=tmask[:, None, None])
+    smask = tmask & (tok * 0 + pid_s == 0)  # split 0 stores post / comb (a tensor mask: the interpreter needs one)
+    tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=smask[:, None])
+    tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=smask[:, None, None])
 
-    # ---- pass 2: x_in = sum_i pre[i] * x[:, i, :]
+    # x_in slice: columns [pid_s * d_per_split, (pid_s + 1) * d_per_split)
+    x_tok = x_ptr + tok64 * stride_xt
     dd = tl.arange(0, BLOCK_D)
-    h3 = hh[None, :, None]  # [1, HC, 1]
-    for d0 in range(0, D, BLOCK_D):
-        col = d0 + dd
+    h3 = hh[None, :, None]
+    for d0 in range(0, d_per_split, BLOCK_D):
+        col = pid_s * d_per_split + d0 + dd
         cmask = col < D
         xv = tl.load(
             x_tok[:, None, None] + h3 * stride_xh + col[None, None, :] * stride_xd,
@@ -120,6 +173,72 @@ def _mhc_pre_kernel(
         )
 
 
+@functools.cache
+def _target_programs(device: torch.device) -> int:
+    """Programs per launch worth aiming for: 2 per SM on a GPU; 4 under the CPU interpreter (exercises splits)."""
+    if device.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _split(n_blocks: int, n_chunks: int, target: int, max_splits: int) -> tuple[int, int]:
+    """Split n_chunks work chunks so n_blocks * splits reaches ~target programs -> (splits, chunks per split)."""
+    per = triton.cdiv(n_chunks, max(1, min(n_chunks, max_splits, triton.cdiv(target, n_blocks))))
+    return triton.cdiv(n_chunks, per), per
+
+
+def _mix_block_t(t: int) -> int:
+    """Tokens per mix program: 16 (tl.dot minimum) for decode, up to MIX_MAX_BLOCK_T for large t."""
+    return min(MIX_MAX_BLOCK_T, 16 if t <= 16 else 32 if t <= 512 else 128)
+
+
+def _launch_mix(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the mix kernel on x [t, hc, d] -> (part [S, t, 2*hc*hc], sq [S, t]) fp32 partials over S slices."""
+    t, hc, d = x.shape
+    bt = _mix_block_t(t)
+    bk = min(MIX_BLOCK_K, max(16, triton.next_power_of_2(hc * d)))
+    n_tb = triton.cdiv(t, bt)
+    ks, k_chunks = _split(n_tb, triton.cdiv(hc * d, bk), _target_programs(x.device), MIX_MAX_SPLITS)
+    prec = DOT_PRECISION
+    if prec == "auto":
+        prec = "bf16x3" if x.dtype == torch.bfloat16 and x.device.type == "cuda" else "tf32x3"
+    part = torch.empty((ks, t, 2 * hc * hc), dtype=torch.float32, device=x.device)
+    sq = torch.empty((ks, t), dtype=torch.float32, device=x.device)
+    _mhc_mix_kernel[(n_tb, ks)](
+        x, fn, part, sq,
+        t, x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1), k_chunks * bk,
+        HC=hc, D=d, BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec,
+        num_warps=MIX_NUM_WARPS, num_stages=MIX_NUM_STAGES,
+    )
+    return part, sq
+
+
+def _launch_finish(
+    part: torch.Tensor, sq: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+) -> None:
+    """Run the finish kernel: partials + x [t, hc, d] -> out = (x_in [t, d], post [t, hc], comb [t, hc, hc])."""
+    t, hc, d = x.shape
+    bd = min(FIN_BLOCK_D, triton.next_power_of_2(d))
+    n_tb = triton.cdiv(t, FIN_BLOCK_T)
+    ds, d_chunks = _split(n_tb, triton.cdiv(d, bd), _target_programs(x.device), 1 << 30)
+    _mhc_finish_kernel[(n_tb, ds)](
+        part, sq, x, scale, base, *out,
+        t, part.shape[0], x.stride(0), x.stride(1), x.stride(2), d_chunks * bd,
+        float(rms_eps), float(hc_eps), int(sinkhorn_iters),
+        HC=hc, D=d, BLOCK_T=FIN_BLOCK_T, BLOCK_D=bd, BLOCK_S=FIN_BLOCK_S, num_warps=FIN_NUM_WARPS,
+    )
+
+
+def _check_out(name: str, o: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Raise unless the output buffer `o` is contiguous with the given shape, dtype and device."""
+    if tuple(o.shape) != shape or o.dtype != dtype or o.device != device or not o.is_contiguous():
+        raise ValueError(
+            f"out {name} must be contiguous {dtype} {list(shape)} on {device}, "
+            f"got {o.dtype} {list(o.shape)} on {o.device} (contiguous={o.is_contiguous()})"
+        )
+
+
 def mhc_pre_triton(
     x: torch.Tensor,
     fn: torch.Tensor,
@@ -128,12 +247,14 @@ def mhc_pre_triton(
     rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
     sinkhorn_iters: int = 20,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused mHC pre, same contract as `ref.mhc.mhc_pre`.
 
-    x: [t, hc, d] bf16/fp16/fp32 (any strides); fn: [(2+hc)*hc, hc*d] (any float, read as fp32);
-    scale: [3]; base: [(2+hc)*hc] (contiguous). hc must be a power of two >= 4 (V4: 4).
-    Returns x_in [t, d] (x.dtype, contiguous), post [t, hc] fp32, comb [t, hc, hc] fp32.
+    x: [t, hc, d] bf16/fp16/fp32 (any strides); fn: [(2+hc)*hc, hc*d] (any strides, read as fp32);
+    scale: [3]; base: [(2+hc)*hc]. hc must be a power of two >= 4 (V4: 4).
+    Returns x_in [t, d] (x.dtype, contiguous), post [t, hc] fp32, comb [t, hc, hc] fp32; written into `out`
+    (contiguous tensors of exactly those shapes and dtypes) when it is given, else freshly allocated.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
     if x.dim() != 3:
@@ -145,19 +266,19 @@ def mhc_pre_triton(
         raise ValueError(f"fn must have shape {((2 + hc) * hc, hc * d)}, got {tuple(fn.shape)}")
     if scale.numel() < 3 or base.numel() != (2 + hc) * hc:
         raise ValueError(f"scale needs 3 and base {(2 + hc) * hc} values, got {scale.numel()} and {base.numel()}")
-    scale, base = scale.contiguous(), base.contiguous()
-    x_in = torch.empty((t, d), dtype=x.dtype, device=x.device)
-    post = torch.empty((t, hc), dtype=torch.float32, device=x.device)
-    comb = torch.empty((t, hc, hc), dtype=torch.float32, device=x.device)
-    if t == 0:
+    dev = x.device
+    if out is None:
+        x_in = torch.empty((t, d), dtype=x.dtype, device=dev)
+        post = torch.empty((t, hc), dtype=torch.float32, device=dev)
+        comb = torch.empty((t, hc, hc), dtype=torch.float32, device=dev)
+    else:
+        x_in, post, comb = out
+        _check_out("x_in", x_in, (t, d), x.dtype, dev)
+        _check_out("post", post, (t, hc), torch.float32, dev)
+        _check_out("comb", comb, (t, hc, hc), torch.float32, dev)
+    if t == 0 or d == 0:
         return x_in, post, comb
-    dp2 = triton.next_power_of_2(d)
-    grid = (triton.cdiv(t, BLOCK_T),)
-    _mhc_pre_kernel[grid](
-        x, fn, scale, base, x_in, post, comb,
-        t, x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1),
-        float(rms_eps), float(hc_eps), int(sinkhorn_iters),
-        HC=hc, D=d, BLOCK_T=BLOCK_T, BLOCK_K=max(16, min(BLOCK_K, dp2)), BLOCK_D=min(BLOCK_D, dp2),
-        num_warps=NUM_WARPS,
-    )
+    scale, base = scale.reshape(-1).contiguous(), base.reshape(-1).contiguous()
+    part, sq = _launch_mix(x, fn)
+    _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
     return x_in, post, comb

@@ -1,0 +1,82 @@
+"""Public M-grouped GEMM with bf16 activations and FP4 (e2m1) weights, contiguous layout ("W4A16" MoE experts).
+
+Dispatch (no host sync on the fast path, so it can be captured in a CUDA graph):
+
+* CUDA tensors -> the Triton kernel (`backends/cuda/triton_fp4_grouped.py`), unless
+  DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton is not importable);
+* CPU tensors -> the PyTorch reference (`reference_w4a16.py`), unless DEEPINFER_DEEP_GEMM_BACKEND=triton,
+  which needs TRITON_INTERPRET=1 (the interpreter; dot operands are then upcast to fp32 automatically).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference_w4a16 as ref
+from ._backend import backend
+from ._checks import check_pair, check_same_device, check_tensor
+
+__all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
+
+_PACKED = (torch.int8, torch.uint8)
+_E8M0 = (torch.float8_e8m0fnu, torch.uint8)
+
+
+def _use_triton(device: torch.device) -> bool:
+    """True when the call runs the Triton kernel (env DEEPINFER_DEEP_GEMM_BACKEND, device; see module doc)."""
+    choice = backend(device)  # validates the env value; raises when a forced choice cannot run here
+    if choice == "triton":
+        return True
+    if choice == "cuda":  # no compiled kernel for this op: Triton is its CUDA fast path
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return True
+    return False  # "reference", or "ascend" (no NPU kernel for this op)
+
+
+def m_grouped_bf16_fp4_gemm_nt_contiguous(
+    a: torch.Tensor,
+    b: tuple[torch.Tensor, torch.Tensor],
+    offs: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Grouped GEMM: out[r] = a[r] @ W_i^T for the rows r of group i, W_i = dequant(b[0][i], b[1][i]) [n, k].
+
+    a: bfloat16 [m, k], row-major contiguous, rows sorted by group (MoE experts).
+    b: (packed, scales). packed: int8 or uint8 [g, n, k/2], two e2m1 codes a byte (LOW nibble = element 2j,
+       high nibble = element 2j+1; code c -> [0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, ..., -6][c]);
+       scales: float8_e8m0fnu or uint8 (the raw E8M0 byte, value 2^(byte-127)) [g, n, k/32], one per 32
+       inputs. The Triton path is exact for scale bytes in [2, 252]; the reference for all.
+    offs: int32 [g] on a's device, cumulative END row of each group (torch._grouped_mm convention): group i
+       owns rows offs[i-1] .. offs[i]-1 (offs[-1] := 0), 0 <= offs[0] <= ... <= offs[g-1] <= m; empty groups
+       are allowed. Rows past offs[g-1] are left untouched. The values are checked (ValueError) only on the
+       reference path; the Triton path never reads them on the host (it clamps rows to [0, m)).
+    out: bfloat16 [m, n], contiguous; allocated (uninitialised) when None.
+    Requires k % 128 == 0 and n % 16 == 0; all tensors on one device. Accumulates in float32.
+    Returns out [m, n].
+    """
+    check_tensor("a", a, (torch.bfloat16,), [None, None])
+    m, k = a.shape
+    packed, scales = check_pair("b", b)
+    check_tensor("b[0] (packed FP4)", packed, _PACKED, [None, None, None])
+    g, n, kb = packed.shape
+    if 2 * kb != k:
+        raise ValueError(f"K mismatch: a has K={k} but b[0] packs K = 2 * {kb} = {2 * kb}")
+    if k % 128 != 0:
+        raise ValueError(f"K must be a multiple of 128, got K={k}")
+    if n % 16 != 0:
+        raise ValueError(f"N must be a multiple of 16, got N={n}")
+    check_tensor("b[1] (E8M0 scales)", scales, _E8M0, [g, n, k // 32])
+    check_tensor("offs", offs, (torch.int32,), [g])
+    if out is not None:
+        check_tensor("out", out, (torch.bfloat16,), [m, n])
+    check_same_device(a=a, packed=packed, scales=scales, offs=offs, out=out)
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if _use_triton(a.device):
+        from .backends.cuda.triton_fp4_grouped import m_grouped_bf16_fp4_gemm_nt_contiguous_triton
+
+        return m_grouped_bf16_fp4_gemm_nt_contiguous_triton(a, packed, scales, offs, out)
+    return ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, out)
