@@ -70,16 +70,12 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                     p.copy_(0.5 * torch.randn(p.shape, generator=g))
             else:  # matrices: unit-variance activations (std 1/sqrt(fan_in)) so the model is not degenerate
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
-        for name, buf in model.named_buffers():
+        # tid2eid may be a buffer or a parameter depending on the transformers version
+        for name, t in [*model.named_buffers(), *model.named_parameters()]:
             if name.endswith("tid2eid"):
                 n_exp = model.config.n_routed_experts
-                rows = [torch.randperm(n_exp, generator=g)[: buf.shape[1]] for _ in range(buf.shape[0])]
-                buf.copy_(torch.stack(rows).to(buf.dtype))
-        for name, p in model.named_parameters():
-            if name.endswith("tid2eid"):
-                n_exp = model.config.n_routed_experts
-                rows = [torch.randperm(n_exp, generator=g)[: p.shape[1]] for _ in range(p.shape[0])]
-                p.copy_(torch.stack(rows).to(p.dtype))
+                rows = [torch.randperm(n_exp, generator=g)[: t.shape[1]] for _ in range(t.shape[0])]
+                t.copy_(torch.stack(rows).to(t.dtype))
 
 
 def build_hf_model(name: str, seed: int = 0):
