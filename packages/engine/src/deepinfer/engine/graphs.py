@@ -18,7 +18,8 @@ from .model.batch import StepBatch
 from .sequence import SeqChunk
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-_TENSOR_FIELDS = [f.name for f in fields(StepBatch) if f.name not in ("starts", "lens", "cu", "comp")]
+_HOST_FIELDS = ("starts", "lens", "cu", "comp", "slot_ids", "plans")
+_TENSOR_FIELDS = [f.name for f in fields(StepBatch) if f.name not in _HOST_FIELDS]
 
 
 def graphs_enabled(device: torch.device, dtype: torch.dtype) -> bool:

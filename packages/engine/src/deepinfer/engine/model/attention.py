@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from ..weights import linear
 from .batch import StepBatch, entry_rows
 from .compressor import Compressor
+from .compressor_plan import plan_prefill
 from .indexer import Indexer
 from .rope import Rope
 
@@ -73,14 +74,14 @@ class Attention:
                 trash = store.shape[0] - 1
                 store[torch.where(closes & (rows >= 0), rows, trash)] = ent.to(store.dtype)
                 continue
-            for r, (start, n) in enumerate(zip(b.starts, b.lens)):
-                lo, slot = b.cu[r], int(b.slots[r])
-                j, ent = comp.run_chunk(
-                    k_all[lo : lo + n], z_all[lo : lo + n], start, tail_k[slot], tail_z[slot], finish, x.dtype
-                )
-                if j.numel():
-                    rows = entry_rows(pool, b.slots[r : r + 1], j[None, :], view.rows_per_block)[0].long()
-                    store[rows - offset] = ent.to(store.dtype)
+            key = (comp.ratio, comp.overlap, comp.tail_rows)
+            if key not in b.plans:  # same for every layer of this ratio: build and upload once per step
+                b.plans[key] = plan_prefill(*key, b.starts, b.lens, b.cu[:-1], b.slot_ids).to(x.device)
+            plan = b.plans[key]
+            slots, j, ent = comp.run_prefill(k_all, z_all, plan, tail_k, tail_z, finish, x.dtype)
+            if j.numel():
+                rows = entry_rows(pool, slots, j[:, None], view.rows_per_block)[:, 0].long()
+                store[rows - offset] = ent.to(store.dtype)
 
     def _main_indices(self, x: torch.Tensor, qr: torch.Tensor, b: StepBatch, cs: tuple, pool, layer) -> torch.Tensor:
         if self.kind == "swa":

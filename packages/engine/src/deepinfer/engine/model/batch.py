@@ -34,6 +34,8 @@ class StepBatch:
     win_new_idx: torch.Tensor = None  # [T, W] int32 rows of the step's new KV (positions inside the chunk)
     chunk_end: torch.Tensor = None  # [T] int64: end position (exclusive) of each token's chunk
     comp: dict[int, CompressedView] = field(default_factory=dict)  # per compress ratio
+    slot_ids: list[int] = field(default_factory=list)  # [R] host copy of `slots`
+    plans: dict = field(default_factory=dict)  # compressor prefill plans, shared by the layers of a step
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +84,7 @@ def build_step(
         starts=starts,
         lens=lens,
         cu=cu,
+        slot_ids=list(slots),
     )
     b.chunk_end = torch.tensor([s + n for s, n in zip(starts, lens)], dtype=torch.int64, device=dev)[b.tok_seq]
     _window_indices(b, pool)

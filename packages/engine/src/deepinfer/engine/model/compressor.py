@@ -8,6 +8,8 @@ a per-channel softmax over slots of Z, weighting K. The entry is RMS-normed, RoP
 
 A chunk may start anywhere: the K/Z rows of not-yet-pooled positions (the tail) persist per slot in fp32,
 row p % tail_rows, from `tail_start(p_next)` on, so the next chunk continues exactly where this one ended.
+Prefill steps pool all sequences at once (`run_prefill` with a host-built plan); decode steps use the
+sync-free `run_decode`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from deepinfer import tile_kernels as tk
 
 from ..weights import QWeight, linear
+from .compressor_plan import PrefillPlan
 
 
 class Compressor:
@@ -45,53 +48,39 @@ class Compressor:
         z = linear(xf, self.wgate) + self.ape[positions.remainder(self.ratio)]
         return k, z
 
-    def _slots(self, buf_k: torch.Tensor, buf_z: torch.Tensor, base: int, j: torch.Tensor):
-        """Gather pooling slots of windows j from buffers that start at position `base`."""
-        m, d = self.ratio, self.dim
-        cur = (j[:, None] * m + torch.arange(m, device=j.device)[None, :]) - base  # [w, m]
-        if not self.overlap:
-            return buf_k[cur], buf_z[cur]
-        prev = cur - m
-        has_prev = (j > 0)[:, None].expand_as(prev)
-        prev_c = prev.clamp(min=0)
-        kp = torch.where(has_prev[..., None], buf_k[prev_c][..., :d], 0.0)
-        zp = torch.where(has_prev[..., None], buf_z[prev_c][..., :d], float("-inf"))
-        kv = torch.cat((kp, buf_k[cur][..., d:]), dim=1)  # [w, 2m, d]
-        sc = torch.cat((zp, buf_z[cur][..., d:]), dim=1)
-        return kv, sc
-
-    def run_chunk(
+    def run_prefill(
         self,
         k: torch.Tensor,
         z: torch.Tensor,
-        start: int,
+        plan: PrefillPlan,
         tail_k: torch.Tensor,
         tail_z: torch.Tensor,
         finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         out_dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pool the windows that close inside the chunk [start, start + n) and update the slot's tail.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pool every window that closes inside any chunk of the step, in one pass, and update the tails.
 
-        k, z: [n, coff*dim] fp32 for the chunk; tail_k, tail_z: [tail_rows, coff*dim] (this slot's, updated
-        in place); finish(entries [w, dim] in out_dtype, positions [w]) applies RoPE / simulation.
-        Returns (entry ids [w] int64, entries [w, dim] out_dtype).
+        k, z: [T, coff*dim] fp32 for all tokens of the step; plan: from `compressor_plan.plan_prefill`, on the
+        device; tail_k, tail_z: [num_slots, tail_rows, coff*dim] (updated in place); finish(entries [w, dim],
+        positions [w]) applies RoPE / simulation. Returns (window slots [w], entry ids [w], entries [w, dim]).
         """
-        n, m = k.shape[0], self.ratio
-        base = self.tail_start(start)
-        old = torch.arange(base, start, device=k.device)
-        buf_k = torch.cat((tail_k[old.remainder(self.tail_rows)], k))
-        buf_z = torch.cat((tail_z[old.remainder(self.tail_rows)], z))
-        end = start + n
-        j = torch.arange(start // m, end // m, device=k.device)
-        new_tail = torch.arange(self.tail_start(end), end, device=k.device)
-        tail_k[new_tail.remainder(self.tail_rows)] = buf_k[new_tail - base]
-        tail_z[new_tail.remainder(self.tail_rows)] = buf_z[new_tail - base]
-        if j.numel() == 0:
-            return j, k.new_zeros(0, self.dim, dtype=out_dtype)
-        kv, sc = self._slots(buf_k, buf_z, base, j)
-        pooled = tk.softmax_pool(kv, sc)
-        entries = tk.rms_norm(pooled.to(out_dtype), self.norm, self.eps)
-        return j, finish(entries, j * m)
+        vk = torch.cat((tail_k[plan.tail_slot, plan.tail_row], k))
+        vz = torch.cat((tail_z[plan.tail_slot, plan.tail_row], z))
+        tail_k[plan.upd_slot, plan.upd_row] = vk[plan.upd_vidx]
+        tail_z[plan.upd_slot, plan.upd_row] = vz[plan.upd_vidx]
+        if plan.win_j.numel() == 0:
+            return plan.win_slot, plan.win_j, k.new_zeros(0, self.dim, dtype=out_dtype)
+        idx = plan.win_vidx.clamp(min=0)
+        buf_k, buf_z = vk[idx], vz[idx]  # [w, span, C]
+        if self.overlap:
+            m, d = self.ratio, self.dim
+            first = (plan.win_vidx[:, :m] >= 0)[..., None]
+            kv = torch.cat((torch.where(first, buf_k[:, :m, :d], 0.0), buf_k[:, m:, d:]), dim=1)
+            sc = torch.cat((torch.where(first, buf_z[:, :m, :d], float("-inf")), buf_z[:, m:, d:]), dim=1)
+        else:
+            kv, sc = buf_k, buf_z
+        entries = tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
+        return plan.win_slot, plan.win_j, finish(entries, plan.win_j * self.ratio)
 
     def run_decode(
         self,
