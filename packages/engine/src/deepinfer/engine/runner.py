@@ -47,6 +47,7 @@ class ModelRunner:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.max_model_len = max_model_len
         self.model = DeepseekV4(cfg, weights, dtype=dtype, device=self.device, qat=qat)
+        self._warmup()  # build lazy weight copies now, so the cache is sized from what is really left
         elem = torch.tensor([], dtype=dtype).element_size()
         slots, blocks = CachePool.plan(
             cfg, max_num_seqs=max_num_seqs, max_model_len=max_model_len, elem_bytes=elem,
@@ -59,6 +60,22 @@ class ModelRunner:
         self.cache_bytes = blocks * bytes_per_block(cfg, elem)
         self.graphs = DecodeGraphs(self, self.cache.num_slots) if cuda_graphs and graphs_enabled(
             self.device, dtype) else None
+
+    @torch.inference_mode()
+    def _warmup(self) -> None:
+        """One token through every layer on a one-block scratch pool.
+
+        The model builds some weight copies on first use (dequantised linears, stacked experts); doing that
+        before `CachePool.plan` reads free device memory keeps them inside `gpu_memory_utilization`.
+        """
+        scratch = CachePool(self.cfg, num_slots=1, num_blocks=1, max_model_len=1, dtype=self.dtype,
+                            device=self.device)
+        b = build_step(scratch, [[0]], [0], [scratch.dummy_slot], self.model.compress_ratios)
+        self.model.logits(self.model.forward(b, scratch))
+        del scratch, b
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     @property
     def vocab_size(self) -> int:
