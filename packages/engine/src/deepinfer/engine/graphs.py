@@ -22,13 +22,14 @@ _HOST_FIELDS = ("starts", "lens", "cu", "comp", "slot_ids", "plans")
 _TENSOR_FIELDS = [f.name for f in fields(StepBatch) if f.name not in _HOST_FIELDS]
 
 
-def graphs_enabled(device: torch.device, dtype: torch.dtype) -> bool:
-    """CUDA graphs apply to bf16 on CUDA (the fp32 reference path runs experts in a host-synced loop)."""
-    from .model.moe_grouped import grouped_available
-
-    probe = torch.empty(0, device=device, dtype=dtype)
+def graphs_enabled(model, device: torch.device) -> bool:
+    """CUDA graphs need a decode step without host syncs: on CUDA, every MoE layer must run a grouped expert
+    path (the per-expert reference loop syncs). Call after the runner's warm-up, which picks those paths."""
+    # Only the main blocks: the captured step (forward + logits) does not run the MTP block(s).
     return (
-        device.type == "cuda" and grouped_available(probe) and os.environ.get("DEEPINFER_CUDA_GRAPHS", "1") != "0"
+        device.type == "cuda"
+        and all(b.moe.grouped is not None for b in model.blocks)
+        and os.environ.get("DEEPINFER_CUDA_GRAPHS", "1") != "0"
     )
 
 

@@ -58,8 +58,8 @@ class ModelRunner:
         self.cache = CachePool(cfg, num_slots=slots, num_blocks=blocks, max_model_len=max_model_len, dtype=dtype,
                                device=self.device)
         self.cache_bytes = blocks * bytes_per_block(cfg, elem)
-        self.graphs = DecodeGraphs(self, self.cache.num_slots) if cuda_graphs and graphs_enabled(
-            self.device, dtype) else None
+        use_graphs = cuda_graphs and graphs_enabled(self.model, self.device)
+        self.graphs = DecodeGraphs(self, self.cache.num_slots) if use_graphs else None
 
     @torch.inference_mode()
     def _warmup(self) -> None:
