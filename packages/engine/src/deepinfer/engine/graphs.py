@@ -33,12 +33,17 @@ def graphs_enabled(model, device: torch.device) -> bool:
     )
 
 
+def bucket_sizes(max_batch: int) -> list[int]:
+    """Padded batch sizes that get a graph: the standard buckets below `max_batch`, then `max_batch` itself."""
+    return sorted({b for b in _BUCKETS if b < max_batch} | {max_batch})
+
+
 class DecodeGraphs:
     """Captured decode steps of a ModelRunner, keyed by padded batch size."""
 
     def __init__(self, runner, max_batch: int) -> None:
         self.runner = runner
-        self.buckets = sorted({b for b in _BUCKETS if b < max_batch} | {max_batch})
+        self.buckets = bucket_sizes(max_batch)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepBatch, torch.Tensor]] = {}
         self.mempool = torch.cuda.graph_pool_handle()
 
