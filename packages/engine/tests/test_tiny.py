@@ -16,7 +16,8 @@ from tokenizers import Tokenizer
 
 from deepinfer.engine.config_parse import load_config
 from deepinfer.engine.loader import expected_tensors, load_weights
-from deepinfer.engine.tiny import BOS, EOS, build_tiny_checkpoint, default_model_path
+from deepinfer.engine.tiny import build_tiny_checkpoint, default_model_path
+from deepinfer.engine.tiny_tokenizer import BOS, EOS
 from deepinfer.tile_kernels import dequant_fp8_block, unpack_fp4
 
 REPO = Path(__file__).resolve().parents[3]
