@@ -48,6 +48,21 @@ class Compressor:
         z = linear(xf, self.wgate) + self.ape[positions.remainder(self.ratio)]
         return k, z
 
+    def _pool(self, buf_k: torch.Tensor, buf_z: torch.Tensor, has_prev: torch.Tensor, out_dtype: torch.dtype):
+        """Entries of windows from their slot rows buf_k, buf_z [w, span, coff*dim] (fp32).
+
+        With overlap the first `ratio` slots are the previous window's first channel half (padding where
+        has_prev [w, ratio] is False: score -inf, value 0) and the last `ratio` slots the window's own second
+        half. Returns RMS-normed entries [w, dim] in out_dtype (RoPE / simulation are the caller's `finish`).
+        """
+        if self.overlap:
+            m, d, first = self.ratio, self.dim, has_prev[..., None]
+            kv = torch.cat((torch.where(first, buf_k[:, :m, :d], 0.0), buf_k[:, m:, d:]), dim=1)
+            sc = torch.cat((torch.where(first, buf_z[:, :m, :d], float("-inf")), buf_z[:, m:, d:]), dim=1)
+        else:
+            kv, sc = buf_k, buf_z
+        return tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
+
     def run_prefill(
         self,
         k: torch.Tensor,
@@ -71,15 +86,7 @@ class Compressor:
         if plan.win_j.numel() == 0:
             return plan.win_slot, plan.win_j, k.new_zeros(0, self.dim, dtype=out_dtype)
         idx = plan.win_vidx.clamp(min=0)
-        buf_k, buf_z = vk[idx], vz[idx]  # [w, span, C]
-        if self.overlap:
-            m, d = self.ratio, self.dim
-            first = (plan.win_vidx[:, :m] >= 0)[..., None]
-            kv = torch.cat((torch.where(first, buf_k[:, :m, :d], 0.0), buf_k[:, m:, d:]), dim=1)
-            sc = torch.cat((torch.where(first, buf_z[:, :m, :d], float("-inf")), buf_z[:, m:, d:]), dim=1)
-        else:
-            kv, sc = buf_k, buf_z
-        entries = tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
+        entries = self._pool(vk[idx], vz[idx], plan.win_vidx[:, : self.ratio] >= 0, out_dtype)
         return plan.win_slot, plan.win_j, finish(entries, plan.win_j * self.ratio)
 
     def run_decode(
@@ -109,13 +116,5 @@ class Compressor:
         span = 2 * m if self.overlap else m
         pos = (j[:, None] + 1) * m - span + torch.arange(span, device=k.device)[None, :]  # [b, span]
         rows = pos.remainder(self.tail_rows)
-        buf_k, buf_z = tail_k[slots[:, None], rows], tail_z[slots[:, None], rows]  # [b, span, C]
-        if self.overlap:
-            d = self.dim
-            first = pos[:, :m, None] >= 0
-            kv = torch.cat((torch.where(first, buf_k[:, :m, :d], 0.0), buf_k[:, m:, d:]), dim=1)
-            sc = torch.cat((torch.where(first, buf_z[:, :m, :d], float("-inf")), buf_z[:, m:, d:]), dim=1)
-        else:
-            kv, sc = buf_k, buf_z
-        entries = tk.rms_norm(tk.softmax_pool(kv, sc).to(out_dtype), self.norm, self.eps)
+        entries = self._pool(tail_k[slots[:, None], rows], tail_z[slots[:, None], rows], pos[:, :m] >= 0, out_dtype)
         return closes, j, finish(entries, j * m)
