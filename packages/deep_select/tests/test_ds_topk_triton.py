@@ -25,7 +25,7 @@ from deepinfer.deep_select.backends.cuda.triton_topk import topk_triton  # noqa:
 
 _HAS_CUDA = torch.cuda.is_available()
 _DEV = "cuda" if _HAS_CUDA else "cpu"
-gpu = pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")
+gpu = pytest.mark.gpu  # GPU-only: deselected on CPU by `-m "not gpu"`, selected by scripts/gpu_run.sh (-m gpu)
 cpu_interp = pytest.mark.skipif(_HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter only")
 
 
