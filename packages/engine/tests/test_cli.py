@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import runpy
 import sys
 from pathlib import Path
 
 import pytest
+import test_llm_fake as _f  # noqa: E402  (the root conftest puts this folder on sys.path)
 
 from deepinfer.engine import cli
 from deepinfer.engine.sampling_params import SamplingParams
-
-
-def _fakes():
-    """The fakes of test_llm_fake.py (pytest runs with --import-mode=importlib: test files are not importable)."""
-    name = "_deepinfer_engine_test_fakes"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_llm_fake.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_f = _fakes()
 
 
 @pytest.fixture

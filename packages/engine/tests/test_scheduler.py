@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import test_llm_fake as _f  # noqa: E402  (the root conftest puts this folder on sys.path)
 import torch
 
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine.sequence import Sequence
 
-
-def _fakes():
-    """The fakes of test_llm_fake.py (pytest runs with --import-mode=importlib: test files are not importable)."""
-    name = "_deepinfer_engine_test_fakes"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_llm_fake.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_f = _fakes()
 FakeRunner, FakeTokenizer, make_llm = _f.FakeRunner, _f.FakeTokenizer, _f.make_llm
 assert_cache_clean, random_prompts = _f.assert_cache_clean, _f.random_prompts
 

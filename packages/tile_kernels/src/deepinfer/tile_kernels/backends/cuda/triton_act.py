@@ -8,11 +8,11 @@ torch.clamp. No host sync (CUDA-graph safe); blocks come from shapes only.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ._launch import check_runnable
 
 __all__ = ["swiglu_clamp_fused_triton", "swiglu_clamp_triton"]
 
@@ -43,16 +43,6 @@ def _swiglu_kernel(
     tl.store(y_ptr + rows[:, None] * n + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_runnable(*tensors: torch.Tensor) -> None:
-    """Raise unless all tensors share a device that Triton can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    devs = {t.device for t in tensors}
-    if len(devs) != 1:
-        raise ValueError(f"tensors must be on one device, got {sorted(map(str, devs))}")
-    dev = tensors[0].device
-    if dev.type != "cuda" and not (dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
-        raise ValueError(f"Triton kernels need CUDA tensors (or CPU with TRITON_INTERPRET=1), got device {dev}")
-
-
 def _check_float(name: str, t: object) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be a fp32/bf16/fp16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
@@ -64,7 +54,7 @@ def _launch(
     """Validate `out` (or allocate it) for gate's shape and `dtype`, then run the kernel on gate, up [..., n]."""
     if isinstance(limit, bool) or (limit is not None and not isinstance(limit, (int, float))):
         raise TypeError(f"limit must be a float or None, got {type(limit).__name__}")
-    _check_runnable(gate, up)
+    check_runnable(gate, up)
     shape = tuple(gate.shape)
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=gate.device)

@@ -8,11 +8,11 @@ from shapes only.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ._launch import check_runnable
 
 __all__ = ["MAX_D", "rms_norm_triton"]
 
@@ -45,16 +45,6 @@ def _rms_norm_kernel(
         w = tl.load(w_ptr + cols * stride_w, mask=cmask, other=0.0).to(tl.float32)
         y = w[None, :] * y
     tl.store(y_ptr + rows64[:, None] * d + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def _check_runnable(*tensors: torch.Tensor) -> None:
-    """Raise unless all tensors share a device that Triton can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    devs = {t.device for t in tensors}
-    if len(devs) != 1:
-        raise ValueError(f"tensors must be on one device, got {sorted(map(str, devs))}")
-    dev = tensors[0].device
-    if dev.type != "cuda" and not (dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
-        raise ValueError(f"Triton kernels need CUDA tensors (or CPU with TRITON_INTERPRET=1), got device {dev}")
 
 
 def _check_out(o: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
@@ -97,9 +87,9 @@ def rms_norm_triton(
             raise TypeError(f"weight must be fp32/bf16/fp16, got {weight.dtype}")
         if tuple(weight.shape) != (d,):
             raise ValueError(f"weight must have shape {(d,)} for x {tuple(x.shape)}, got {tuple(weight.shape)}")
-        _check_runnable(x, weight)
+        check_runnable(x, weight)
     else:
-        _check_runnable(x)
+        check_runnable(x)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:

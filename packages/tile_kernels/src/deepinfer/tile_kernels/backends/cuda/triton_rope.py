@@ -14,11 +14,12 @@ blocks come from shapes only.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ._launch import check_runnable
 
 __all__ = ["apply_rope_interleaved_triton"]
 
@@ -65,16 +66,6 @@ def _rope_kernel(
         tl.store(y_row[:, None] + col[None, :], y.to(y_ptr.dtype.element_ty), mask=m2)
 
 
-def _check_runnable(*tensors: torch.Tensor) -> None:
-    """Raise unless all tensors share a device that Triton can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    devs = {t.device for t in tensors}
-    if len(devs) != 1:
-        raise ValueError(f"tensors must be on one device, got {sorted(map(str, devs))}")
-    dev = tensors[0].device
-    if dev.type != "cuda" and not (dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
-        raise ValueError(f"Triton kernels need CUDA tensors (or CPU with TRITON_INTERPRET=1), got device {dev}")
-
-
 def _blocks(t: int, m: int, d: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_C, num_warps) from the shape alone: small BLOCK_M when t * M is small (decode)."""
     bc = min(MAX_BLOCK_C, max(16, triton.next_power_of_2(d)))
@@ -115,7 +106,7 @@ def apply_rope_interleaved_triton(
             raise TypeError(f"{name} must be a fp32/bf16/fp16 tensor, got {getattr(cs, 'dtype', type(cs).__name__)}")
         if tuple(cs.shape) != (t, rope_dim // 2):
             raise ValueError(f"{name} must have shape {(t, rope_dim // 2)}, got {tuple(cs.shape)}")
-    _check_runnable(x, cos, sin)
+    check_runnable(x, cos, sin)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     elif (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or out.device != x.device
