@@ -47,6 +47,15 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepBatch, torch.Tensor]] = {}
         self.mempool = torch.cuda.graph_pool_handle()
 
+    def capture_all(self) -> None:
+        """Capture every bucket now, largest first (the smaller graphs then reuse the largest one's memory pool).
+
+        Done at start-up, as vLLM and SGLang do: a first capture inside the serving loop costs as much as
+        dozens of decode steps (warm-up run + capture of thousands of kernels)."""
+        for size in sorted(self.buckets, reverse=True):
+            if size not in self.graphs:
+                self._capture(size)
+
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 

@@ -60,6 +60,8 @@ class ModelRunner:
         self.cache_bytes = blocks * bytes_per_block(cfg, elem)
         use_graphs = cuda_graphs and graphs_enabled(self.model, self.device)
         self.graphs = DecodeGraphs(self, self.cache.num_slots) if use_graphs else None
+        if self.graphs is not None:
+            self.graphs.capture_all()
 
     @torch.inference_mode()
     def _warmup(self) -> None:

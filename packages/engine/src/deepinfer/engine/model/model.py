@@ -12,6 +12,7 @@ from ..weights import linear
 from .batch import StepBatch
 from .block import Block, HyperConn
 from .build import WeightSource, build_block, build_head
+from .head import head_logits_bf16w
 from .rope import build_ropes
 
 
@@ -83,6 +84,9 @@ class DeepseekV4:
         head = head or self.hc_head
         h = tk.mhc_head(resid, head.fn, head.scale, head.base, c.rms_norm_eps, c.hc_eps)
         h = tk.rms_norm(h, self.norm if norm is None else norm, c.rms_norm_eps)
+        out = head_logits_bf16w(h.float(), self.head_w)  # fp32-exact products on tensor cores (CUDA)
+        if out is not None:
+            return out
         if self._head_f32 is None:  # the head runs in fp32 (as the reference); convert the weight once
             self._head_f32 = self.head_w.float()
         return h.float() @ self._head_f32.t()

@@ -1,0 +1,205 @@
+"""Where one DeepInfer decode step's time goes, on the V4-Flash-shaped benchmark model (no transformers run).
+
+Prints, per batch size: the step's wall time split into host preparation (index lists built on the host), the
+launch of the captured graph, and the wait for the GPU; the GPU time of one graph replay (CUDA events); and an
+eager (uncaptured) step profiled with engine regions labelled, so kernel time and kernel counts add up per
+region (attention, compressor, indexer, MoE routing / experts, mHC, head). Writes JSON with --out.
+
+    python benchmarks/profile_engine_decode.py --batches 32,256 --out /tmp/profile.json
+    python benchmarks/profile_engine_decode.py --smoke      # tiny widths on CPU: checks the script only
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine_v4flash import SMOKE, _prompts, _sync  # noqa: E402
+from v4flash_model import hf_config, official_config, quantise_to_official, randomise_  # noqa: E402
+
+# (module, attribute path, label): engine functions whose kernels are summed under one label.
+REGIONS = [
+    ("deepinfer.engine.model.attention", "Attention._project", "attn.project(q,kv,rope)"),
+    ("deepinfer.engine.model.attention", "Attention._compress", "attn.compressor"),
+    ("deepinfer.engine.model.attention", "Attention._main_indices", "attn.indexer+topk"),
+    ("deepinfer.engine.model.attention", "Attention._write_window", "attn.write_window"),
+    ("deepinfer.engine.model.attention", "Attention.forward", "attn.total"),
+    ("deepinfer.engine.model.moe", "MoE.route", "moe.route"),
+    ("deepinfer.engine.model.moe", "MoE.forward", "moe.total"),
+    ("deepinfer.engine.model.block", "Block._pre", "mhc.pre"),
+    ("deepinfer.engine.model.block", "Block.forward", "block.total"),
+    ("deepinfer.engine.model.model", "DeepseekV4.logits", "head(logits)"),
+]
+
+
+def _label(module: str, path: str, label: str) -> None:
+    """Wrap module.path (Class.method) in a profiler range named `label`."""
+    import importlib
+
+    owner = importlib.import_module(module)
+    cls_name, meth = path.split(".")
+    cls = getattr(owner, cls_name)
+    fn = getattr(cls, meth)
+
+    @functools.wraps(fn)
+    def wrapped(*a, **k):
+        with torch.profiler.record_function(label):
+            return fn(*a, **k)
+
+    setattr(cls, meth, wrapped)
+
+
+def build_runner(args, dev: torch.device):
+    from transformers import DeepseekV4ForCausalLM
+
+    from deepinfer.engine.config_parse import config_from_dict
+    from deepinfer.engine.runner import ModelRunner
+
+    cfg = hf_config(args.layers, **(SMOKE if args.smoke else {}))
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    randomise_(model, seed=0)
+    official = quantise_to_official(model)
+    del model
+    batches = [int(x) for x in args.batches.split(",")]
+    return ModelRunner(config_from_dict(official_config(cfg)), official, dtype=torch.bfloat16, device=dev,
+                       max_num_seqs=max(batches), max_model_len=args.prompt_len + args.steps + 8,
+                       gpu_memory_utilization=0.92)
+
+
+def _prefill(runner, b: int, n: int, dev: torch.device) -> list[int]:
+    from deepinfer.engine.sequence import SeqChunk
+
+    slots = [runner.cache.allocate_slot() for _ in range(b)]
+    for s in slots:
+        assert runner.cache.reserve(s, n + 64), "cache too small"
+    ids = _prompts(b, n, runner.vocab_size, dev).tolist()
+    per = max(1, 8192 // n)
+    for lo in range(0, b, per):
+        runner.forward([SeqChunk(slots[i], ids[i], 0, "none") for i in range(lo, min(b, lo + per))])
+    return slots
+
+
+def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) -> dict:
+    """Decode `steps` greedy steps; split each step's wall time into host build, launch and GPU wait."""
+    from deepinfer.engine.sequence import SeqChunk
+
+    g = runner.graphs
+    tok = [5] * len(slots)
+    host = launch = wait = 0.0
+    _sync(dev)
+    t_all = time.perf_counter()
+    for i in range(steps):
+        chunks = [SeqChunk(s, [t], n + i, "last") for s, t in zip(slots, tok)]
+        t0 = time.perf_counter()
+        if g is not None:
+            size = g.bucket(len(chunks))
+            if size not in g.graphs:
+                g._capture(size)
+            g._batch(chunks, size, on_host=True)  # what run() builds: timed alone here
+        t1 = time.perf_counter()
+        outs = runner.forward(chunks)
+        t2 = time.perf_counter()
+        tok = torch.cat(outs).argmax(-1).tolist()
+        t3 = time.perf_counter()
+        host, launch, wait = host + (t1 - t0), launch + (t2 - t1), wait + (t3 - t2)
+    total = time.perf_counter() - t_all
+    # forward() rebuilds the batch itself, so host time is counted twice in `total`; subtract one copy.
+    ms = lambda v: 1e3 * v / steps  # noqa: E731
+    return {"step_ms_incl_extra_build": ms(total), "step_ms": ms(total - host), "host_build_ms": ms(host),
+            "forward_call_ms": ms(launch), "sync_argmax_ms": ms(wait)}
+
+
+def replay_gpu_ms(runner, slots: list[int], n: int, dev: torch.device) -> float | None:
+    """GPU time of one captured decode step (CUDA events around a graph replay)."""
+    g = runner.graphs
+    if g is None or dev.type != "cuda":
+        return None
+    graph = g.graphs[g.bucket(len(slots))][0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def region_profile(runner, slots: list[int], n: int, dev: torch.device) -> list[dict]:
+    """Profile one EAGER decode step with engine regions labelled: kernel time and count per region."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepinfer.engine.sequence import SeqChunk
+
+    chunks = [SeqChunk(s, [5], n, "last") for s in slots]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.inference_mode():
+        b = runner.step_batch(chunks, static_width=True)
+        runner.model.logits(runner.model.forward(b, runner.cache))  # warm
+        _sync(dev)
+        with profile(activities=acts) as prof:
+            runner.model.logits(runner.model.forward(b, runner.cache))
+            _sync(dev)
+    rows = []
+    ev = prof.key_averages()
+    labels = {r[2] for r in REGIONS}
+    for e in ev:
+        if e.key in labels:
+            rows.append({"region": e.key, "calls": e.count, "device_ms": e.device_time_total / 1e3,
+                         "cpu_ms": e.cpu_time_total / 1e3})
+    kernels = [e for e in ev if e.self_device_time_total > 0]
+    rows.append({"region": "ALL kernels", "calls": sum(e.count for e in kernels),
+                 "device_ms": sum(e.self_device_time_total for e in kernels) / 1e3, "cpu_ms": None})
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
+    for e in top:
+        rows.append({"kernel": e.key[:90], "calls": e.count, "device_ms": e.self_device_time_total / 1e3})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batches", default="32,256")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.prompt_len, args.steps, args.batches = 32, 2, "4"
+    dev = torch.device("cpu" if args.smoke else "cuda")
+    for region in REGIONS:
+        _label(*region)
+    runner = build_runner(args, dev)
+    report = {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+              "layers": args.layers, "prompt_len": args.prompt_len, "batches": {}}
+    for b in (int(x) for x in args.batches.split(",")):
+        slots = _prefill(runner, b, args.prompt_len, dev)
+        steps = time_steps(runner, slots, args.prompt_len, args.steps, dev)
+        steps["graph_replay_gpu_ms"] = replay_gpu_ms(runner, slots, args.prompt_len + args.steps, dev)
+        steps["regions"] = region_profile(runner, slots, args.prompt_len + args.steps, dev)
+        report["batches"][b] = steps
+        print(f"== b={b}: " + json.dumps({k: v for k, v in steps.items() if k != "regions"}), flush=True)
+        for r in steps["regions"]:
+            print("   ", json.dumps(r), flush=True)
+        for s in slots:
+            runner.cache.free_slot(s)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
