@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh [tests|bench|all] [--wheels DIR] [--no-install] [--dry-run] [PKG ...]
 #
 #   tests        pytest -m gpu (and multigpu when 2+ GPUs) over the selected packages + tests/, JUnit XML
-#   bench        each selected package's benchmarks/ (pytest-benchmark JSON), then the root benchmarks/
+#   bench        each selected package's benchmarks/bench_<pkg>.py --out JSON, then benchmarks/bench_*.py (engine)
 #   all          both (default)
 #   PKG          tile_kernels deep_select flash_mla deep_gemm deep_ep engine (default: all of them)
 #   --wheels DIR wheels for what the image lacks (tokenizers, jinja2, ...): installed with
@@ -13,8 +13,8 @@
 #
 # Packages are installed editable with DEEPINFER_DEVICE=cuda (builds csrc/cuda/ into _C). Results go to
 # $OUT (default build/gpu-out): junit-gpu.xml, bench-<pkg>.json, logs/; every benchmark JSON is also copied
-# to benchmarks/results/<date>-<name>.json. Root benchmarks: benchmarks/test_*.py run under
-# pytest-benchmark; every other benchmarks/*.py with a __main__ block runs as `python <script> --out <json>`.
+# to benchmarks/results/<date>-<name>.json. Each benchmark runs as `python <script> --out <json>` (deep_ep's under
+# torchrun, one process per GPU), with a timeout (BENCH_TIMEOUT seconds).
 # A failing part does not stop the others; the exit status is non-zero when any part failed.
 set -uo pipefail
 
@@ -98,28 +98,31 @@ copy_result() {
   [[ "$1" == "$OUT/$2.json" ]] || cp "$1" "$OUT/$2.json"
 }
 
-# Package benchmark files may be named bench_*.py or test_*.py; root pyproject's norecursedirs skips
-# benchmarks/ only when recursing, so naming the folder explicitly collects it.
-BENCH_OPTS=(-o "python_files=test_*.py bench_*.py")
-
+# Package benchmarks: packages/<pkg>/benchmarks/bench_<pkg>.py runs as `python <script> --out <json>` (deep_ep's
+# under torchrun with one process per GPU when there are two or more). Root benchmarks: benchmarks/bench_*.py.
 run_benchmarks() {
-  local pkg script
+  local pkg script name ngpu
+  ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
   for pkg in "${PKGS[@]}"; do
-    compgen -G "packages/$pkg/benchmarks/*.py" >/dev/null || { echo "== $pkg: no benchmarks yet"; continue; }
-    run "bench-$pkg" "$PY" -m pytest -q "${BENCH_OPTS[@]}" "packages/$pkg/benchmarks" --benchmark-json="$OUT/bench-$pkg.json"
-    copy_result "$OUT/bench-$pkg.json" "bench-$pkg"
+    [[ "$pkg" != engine ]] || continue  # the engine's benchmarks are the root ones below
+    for script in packages/"$pkg"/benchmarks/bench_"$pkg".py; do
+      [[ -f "$script" ]] || { echo "== $pkg: no benchmark script ($script)"; continue; }
+      name="bench-$pkg"
+      if [[ "$pkg" == deep_ep ]]; then
+        if ((ngpu < 2)); then echo "== $name: needs 2 GPUs, found $ngpu; skipped"; continue; fi
+        run "$name" timeout "${BENCH_TIMEOUT:-300}" "$PY" -m torch.distributed.run --standalone \
+          --nproc-per-node "$ngpu" "$script" --out "$OUT/$name.json"
+      else
+        run "$name" timeout "${BENCH_TIMEOUT:-300}" "$PY" "$script" --out "$OUT/$name.json"
+      fi
+      copy_result "$OUT/$name.json" "$name"
+    done
   done
-  if compgen -G "benchmarks/test_*.py" >/dev/null; then
-    run bench-e2e "$PY" -m pytest -q benchmarks --benchmark-json="$OUT/bench-e2e.json"
-    copy_result "$OUT/bench-e2e.json" bench-e2e
-  fi
-  # Engine benchmark scripts: any other benchmarks/*.py with a __main__ block (helpers have none).
-  for script in benchmarks/*.py; do
-    case "$(basename "$script")" in test_* | conftest.py) continue ;; esac
-    if [[ ! -f "$script" ]] || ! grep -q '__main__' "$script"; then continue; fi
-    local name
+  [[ " ${PKGS[*]} " == *" engine "* ]] || return 0
+  for script in benchmarks/bench_*.py; do
+    [[ -f "$script" ]] && grep -q '__main__' "$script" || continue
     name="e2e-$(basename "$script" .py)"
-    run "$name" "$PY" "$script" --out "$OUT/$name.json"
+    run "$name" timeout "${BENCH_TIMEOUT:-600}" "$PY" "$script" --out "$OUT/$name.json"
     copy_result "$OUT/$name.json" "$name"
   done
 }
