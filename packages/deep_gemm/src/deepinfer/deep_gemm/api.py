@@ -29,6 +29,7 @@ from ._checks import (
     check_tensor,
 )
 from ._checks import check_weight_scales as _check_weight
+from ._dispatch import use_triton
 from .api_moe import (
     m_grouped_fp8_fp4_gemm_nt_contiguous,
     m_grouped_fp8_fp4_gemm_nt_masked,
@@ -56,6 +57,15 @@ _LOW_OUT = (torch.bfloat16, torch.float32)
 def _cublas_ok(a: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bool:
     """The cuBLAS bf16 path applies (CUDA, bf16 in and out, no C) unless the package is forced to reference."""
     return _cublas.applies(a, out, c) and os.environ.get("DEEPINFER_DEEP_GEMM_BACKEND", "auto") != "reference"
+
+
+def _smallm_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """The small-m Triton path applies (m <= 64 bf16 rows on CUDA, Triton importable)."""
+    if not (a.is_cuda and a.shape[0] <= 64 and use_triton(a.device)):
+        return False
+    from .backends.cuda.triton_bf16_smallm import applies
+
+    return applies(a, b, out)
 
 
 def _check_float_operands(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -87,6 +97,10 @@ def bf16_gemm_nt(
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if _cublas_ok(a, out, c):
+        if _smallm_ok(a, b, out):  # decode rows: a weight stream, split-K Triton beats cuBLAS's tiles
+            from .backends.cuda.triton_bf16_smallm import bf16_gemm_nt_smallm
+
+            return bf16_gemm_nt_smallm(a, b, out)
         return _cublas.bf16_gemm_nt(a, b, out)
     return ref.bf16_gemm_nt(a, b, out, c)
 
@@ -98,6 +112,10 @@ def fp8_gemm_nt(
     c: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """D = C + dequant(A) @ dequant(B)^T with float32 accumulation (DeepGEMM `fp8_gemm_nt` / `fp8_fp4_gemm_nt`).
+
+    Backend: the Triton block-scaled FP8 kernel (`backends/cuda/triton_fp8_gemm.py`, DeepGEMM-style promotion
+    every 128 k) on CUDA for FP8 weights with k % 16 == 0; the reference for FP4 weights, other k, CPU, or
+    DEEPINFER_DEEP_GEMM_BACKEND=reference. Never syncs with the host on the Triton path.
 
     a: (float8_e4m3fn [m, k], scales float32 | float8_e8m0fnu [m, ceil(k/128)]) — per-token 1x128 scales.
     b: (float8_e4m3fn [n, k], scales [ceil(n/128), ceil(k/128)]) — 128x128 block scales; or
@@ -116,7 +134,20 @@ def fp8_gemm_nt(
     out = check_out(out, (m, n), _LOW_OUT, a_val)
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
+    if _fp8_triton_ok(a_val, b_val):
+        from .backends.cuda.triton_fp8_gemm import fp8_gemm_nt_triton
+
+        return fp8_gemm_nt_triton(a_val, sfa, b_val, sfb, out, c)
     return ref.fp8_gemm_nt(a_val, sfa, b_val, sfb, out, c)
+
+
+def _fp8_triton_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The Triton block-scaled FP8 GEMM covers this call: FP8 (not FP4) weights, k % 16 == 0, Triton chosen.
+
+    Operands are contiguous (checked above), so the kernel's unit-stride requirements hold; scale dtypes and
+    shapes are the ones `check_fp8_act` / `check_weight_scales` accept. Everything else runs the reference.
+    """
+    return b.dtype == torch.float8_e4m3fn and a.shape[1] % 16 == 0 and use_triton(a.device)
 
 
 # DeepGEMM exposes one function under both names; the weight format is told apart by b's dtype.
@@ -142,6 +173,10 @@ def grouped_gemm_nt_bf16(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     if out is None:
         out = torch.empty((t, g, n), dtype=a.dtype, device=a.device)
     if _cublas_ok(a, out, None):
+        if _smallm_ok(a, b, out):
+            from .backends.cuda.triton_bf16_smallm import bf16_gemm_nt_smallm
+
+            return bf16_gemm_nt_smallm(a, b, out)
         return _cublas.grouped_gemm_nt_bf16(a, b, out)
     return ref.grouped_gemm_nt_bf16(a, b, out)
 

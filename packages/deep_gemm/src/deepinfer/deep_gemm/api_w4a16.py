@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 
 from . import reference_w4a16 as ref
-from ._backend import backend
 from ._checks import check_pair, check_same_device, check_tensor
+from ._dispatch import use_triton
+from .backends.cuda.w4a16_configs import W4A16Config, rows_per_group
 
 __all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
 
@@ -22,25 +23,14 @@ _PACKED = (torch.int8, torch.uint8)
 _E8M0 = (torch.float8_e8m0fnu, torch.uint8)
 
 
-def _use_triton(device: torch.device) -> bool:
-    """True when the call runs the Triton kernel (env DEEPINFER_DEEP_GEMM_BACKEND, device; see module doc)."""
-    choice = backend(device)  # validates the env value; raises when a forced choice cannot run here
-    if choice == "triton":
-        return True
-    if choice == "cuda":  # no compiled kernel for this op: Triton is its CUDA fast path
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return False
-        return True
-    return False  # "reference", or "ascend" (no NPU kernel for this op)
-
-
 def m_grouped_bf16_fp4_gemm_nt_contiguous(
     a: torch.Tensor,
     b: tuple[torch.Tensor, torch.Tensor],
     offs: torch.Tensor,
     out: torch.Tensor | None = None,
+    *,
+    expected_m: int | None = None,
+    config: W4A16Config | None = None,
 ) -> torch.Tensor:
     """Grouped GEMM: out[r] = a[r] @ W_i^T for the rows r of group i, W_i = dequant(b[0][i], b[1][i]) [n, k].
 
@@ -54,6 +44,12 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
        are allowed. Rows past offs[g-1] are left untouched. The values are checked (ValueError) only on the
        reference path; the Triton path never reads them on the host (it clamps rows to [0, m)).
     out: bfloat16 [m, n], contiguous; allocated (uninitialised) when None.
+    expected_m: optional hint, the typical number of rows per group (DeepGEMM's name), used only to pick the
+       kernel's row tile on the Triton path; None estimates it as ceil(m / g) from the shapes. Never read on
+       the device, so any value is safe: it changes speed, not results.
+    config: optional explicit `W4A16Config` (tiles, warps, stages) for the Triton path (benchmark sweeps);
+       None -> env DEEPINFER_DG_W4A16_CONFIG (a config name) when set, else
+       `w4a16_configs.default_config(m, g, expected_m)`. Ignored by the reference.
     Requires k % 128 == 0 and n % 16 == 0; all tensors on one device. Accumulates in float32.
     Returns out [m, n].
     """
@@ -73,10 +69,17 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
     if out is not None:
         check_tensor("out", out, (torch.bfloat16,), [m, n])
     check_same_device(a=a, packed=packed, scales=scales, offs=offs, out=out)
+    rows_per_group(m, g, expected_m)  # validates the hint on every path
+    if config is not None and not isinstance(config, W4A16Config):
+        raise TypeError(f"config: expected a W4A16Config or None, got {type(config).__name__}")
+    if config is not None and k % config.block_k:
+        raise ValueError(f"config.block_k: expected a divisor of K={k}, got {config.block_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    if _use_triton(a.device):
+    if use_triton(a.device):
         from .backends.cuda.triton_fp4_grouped import m_grouped_bf16_fp4_gemm_nt_contiguous_triton
 
-        return m_grouped_bf16_fp4_gemm_nt_contiguous_triton(a, packed, scales, offs, out)
+        return m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
+            a, packed, scales, offs, out, config=config, expected_m=expected_m
+        )
     return ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, out)

@@ -6,7 +6,8 @@ offs[i-1] .. offs[i]-1 with offs[-1] := 0). Rows past offs[g-1] are not written.
 
 Grid (g, cdiv(n, BLOCK_N)): program (i, j) reads offs[i-1], offs[i] and loops over its group's rows in BLOCK_M
 tiles; an empty group's loop runs zero times, so its weights are never read (decode: most experts get 0-2 rows).
-For every row tile it streams k in BLOCK_K steps:
+Each row tile dequantises the program's weight slice again, so the row tile follows the rows per group
+(`w4a16_configs.py`: 16 for decode, 64 / 128 for prefill). For every row tile it streams k in BLOCK_K steps:
 
 * the packed tile [BLOCK_N, BLOCK_K/2] bytes is loaded as [BLOCK_N, BLOCK_K/32, 16] (16 bytes = 32 values share
   one scale) with the scales [BLOCK_N, BLOCK_K/32] broadcast along the last axis;
@@ -17,7 +18,8 @@ For every row tile it streams k in BLOCK_K steps:
   significant bits): on a GPU by inline PTX working on 4 bytes at a time (`_e2m1x4_bf16_asm`, USE_ASM), in the
   interpreter (and with use_asm=False) by plain integer ops (`_e2m1_bf16`). Both are exact for scale bytes s in
   [2, 252] (scales 2^-125 .. 2^125); outside that range (never seen in real checkpoints) the result is
-  unspecified;
+  unspecified. The PTX path gets each scale as a ready bf16x2 multiplier (`_scale_bf16x2`, computed once per
+  32 weights), so the per-weight work is the nibble shuffling and two bf16x2 multiplies;
 * "swap AB": acc^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, BLOCK_K/2] @ a^T [BLOCK_K/2, BLOCK_M], so the large,
   freshly dequantised operand is the MMA's A side (registers on Hopper wgmma) and the few rows are its N side.
 
@@ -34,13 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous_triton", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_WARPS", "NUM_STAGES"]
+from .w4a16_configs import W4A16Config, default_config, parse_config
 
-BLOCK_M = 16  # rows per tile: tl.dot needs >= 16; decode groups have 0-2 rows
-BLOCK_N = 64  # output columns per program: small tiles give more programs for the few active experts
-BLOCK_K = 128  # k per step (= 4 scale groups of 32); k % BLOCK_K == 0 is required
-NUM_WARPS = 2  # H200, Triton 3.6: 2 beat 4 and 8 for decode (8 experts x 1 row, n=4096, k=2048..4096)
-NUM_STAGES = 3  # cp.async-pipelined weight and activation loads; 3 >= 2 and 4 on the same shapes
+__all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous_triton"]
 
 
 @triton.jit
@@ -59,15 +57,27 @@ def _e2m1_bf16(code, sbits):
 
 
 @triton.jit
-def _e2m1x4_bf16_asm(packed, sb):
+def _scale_bf16x2(sb):
+    """E8M0 bytes (uint8 tensor) -> int32 bf16x2 bits of 2^(s-127) in both 16-bit lanes (exponent field s).
+
+    Computed once per scale group (1/32 of the weights) and broadcast, so the per-weight PTX below needs no
+    scale unpacking. s = 0 / 255 give 0 / inf: outside the documented [2, 252] domain.
+    """
+    return (sb.to(tl.int32) << 7) * 0x10001
+
+
+@triton.jit
+def _e2m1x4_bf16_asm(packed, mult):
     """GPU fast path of `_e2m1_bf16` on 4 bytes at a time (inline PTX, sm_90+): -> (even, odd) bf16 tensors.
 
-    packed: uint8 [...] (low nibble = even element), sb: uint8 [...] E8M0 byte of each element (broadcast).
-    Per 32-bit register of 4 bytes b0..b3: `prmt` moves b0, b1 (b2, b3) to bytes 1 and 3 of a word t, so a high
-    nibble sits at bits 12-15 / 28-31 of each 16-bit lane (t << 4 does the same for the low nibbles); then
-    (t & 0x80008000) | ((t >> 6) & 0x01C001C0) is sign | (e,m) << 6, the bf16x2 bits of e2m1 * 2^-126 (e = 0
-    gives bf16 subnormals, which bf16 `mul` handles exactly). Two bf16x2 multiplies follow: by 2^126 and by
-    2^(s-127) (bits s << 7 per lane). Exact for s in [1, 254] when the product is a normal bf16.
+    packed: uint8 [...] (low nibble = even element); mult: int32 [...] `_scale_bf16x2` of each element's scale
+    (broadcast). Per 32-bit register of 4 bytes b0..b3: `prmt` moves b0, b1 (b2, b3) to bytes 1 and 3 of a word
+    t, so a high nibble sits at bits 12-15 / 28-31 of each 16-bit lane (t << 4 does the same for the low
+    nibbles); then (t & 0x80008000) | ((t >> 6) & 0x01C001C0) is sign | (e,m) << 6, the bf16x2 bits of
+    e2m1 * 2^-126 (e = 0 gives bf16 subnormals, which bf16 `mul` handles exactly). Two bf16x2 multiplies follow:
+    by 2^126 and by 2^(s-127) (lane i takes element i's multiplier: one `lop3` merges the two elements'
+    words: low lane = element 0, lop3 LUT 0xD8 = (a & ~c) | (b & c)). Exact for s in [1, 254] when the product is a
+    normal bf16.
     """
     return tl.inline_asm_elementwise(
         """
@@ -75,10 +85,8 @@ def _e2m1x4_bf16_asm(packed, sb):
         .reg .b32 z, c, s0, s1, t0, t1, u0, u1, x, y;
         mov.b32 z, 0;
         mov.b32 c, 0x7E807E80;
-        prmt.b32 s0, $5, z, 0x4140;
-        prmt.b32 s1, $5, z, 0x4342;
-        shl.b32 s0, s0, 7;
-        shl.b32 s1, s1, 7;
+        lop3.b32 s0, $5, $6, 0xFFFF0000, 0xD8;
+        lop3.b32 s1, $7, $8, 0xFFFF0000, 0xD8;
         prmt.b32 t0, $4, z, 0x1000;
         prmt.b32 t1, $4, z, 0x3222;
         shl.b32 u0, t0, 4;
@@ -93,20 +101,34 @@ def _e2m1x4_bf16_asm(packed, sb):
         mul.rn.bf16x2 x, x, c; mul.rn.bf16x2 $3, x, s1;
         }
         """,
-        "=r,=r,=r,=r,r,r",
-        [packed, sb],
+        "=r,=r,=r,=r,r,r,r,r,r",
+        [packed, mult],
         dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
         pack=4,
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M varies per call (tokens): one compile for all
 def _w4a16_grouped_kernel(
-    a_ptr, b_ptr, s_ptr, offs_ptr, out_ptr,
-    M, N, K,
-    stride_am, stride_bg, stride_bn, stride_sg, stride_sn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    s_ptr,
+    offs_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bg,
+    stride_bn,
+    stride_sg,
+    stride_sn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr,
 ):
     """a int32 [M, K/2] (bf16 pairs); b uint8 [G, N, K/2]; s uint8 [G, N, K/32]; offs int32 [G]; out bf16 [M, N].
@@ -142,7 +164,8 @@ def _w4a16_grouped_kernel(
             )  # [BN, SG, 16] uint8
             sb = tl.load(s_rows[:, None] + (k0 // 32 + grp)[None, :], mask=n_mask[:, None], other=0)  # [BN, SG]
             if USE_ASM:
-                w_even, w_odd = _e2m1x4_bf16_asm(packed, tl.broadcast_to(sb[:, :, None], [BLOCK_N, SG, 16]))
+                mult = tl.broadcast_to(_scale_bf16x2(sb)[:, :, None], [BLOCK_N, SG, 16])
+                w_even, w_odd = _e2m1x4_bf16_asm(packed, mult)
             else:
                 p32 = packed.to(tl.int32)
                 sbits = ((sb.to(tl.int32) - 1) << 7)[:, :, None]  # [BN, SG, 1]
@@ -182,11 +205,8 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
     offs: torch.Tensor,
     out: torch.Tensor,
     *,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
-    block_k: int = BLOCK_K,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    config: W4A16Config | None = None,
+    expected_m: int | None = None,
     dot_fp32: bool | None = None,
     use_asm: bool | None = None,
 ) -> torch.Tensor:
@@ -194,33 +214,59 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
 
     a: bf16 [m, k] contiguous; packed: int8/uint8 [g, n, k/2] (low nibble = even column); scales:
     float8_e8m0fnu/uint8 [g, n, k/32]; offs: int32 [g] cumulative group ends; out: bf16 [m, n] contiguous.
-    block_m/block_n: powers of two >= 16; block_k: a power of two >= 32 dividing k.
+    config: tiles and warps (`w4a16_configs.W4A16Config`); None -> env DEEPINFER_DG_W4A16_CONFIG (a config
+    name) when set, else `default_config(m, g, expected_m)`, which reads only shapes and the `expected_m`
+    rows-per-group hint. config.block_k must divide k.
     dot_fp32: upcast dot operands to fp32 (None: only under TRITON_INTERPRET=1).
-    use_asm: dequantise with the inline-PTX `_e2m1x4_bf16_asm` (None: on a GPU, not in the interpreter).
+    use_asm: dequantise with the inline-PTX `_e2m1x4_bf16_asm` (None: on a GPU, not in the interpreter, unless
+    env DEEPINFER_DG_W4A16_ASM=0).
     Reads only metadata on the host, so it can be captured in a CUDA graph.
     """
     m, k = a.shape
     g, n, _ = packed.shape
-    for name, v in (("block_m", block_m), ("block_n", block_n)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{name}: expected a power of two >= 16, got {v}")
-    if block_k < 32 or block_k & (block_k - 1) or k % block_k:
-        raise ValueError(f"block_k: expected a power of two >= 32 dividing k={k}, got {block_k}")
+    forced = os.environ.get("DEEPINFER_DG_W4A16_CONFIG")  # operator override, e.g. 'm16n64k128w2s3'
+    if config is None and forced:
+        config = parse_config(forced)
+    cfg = default_config(m, g, expected_m) if config is None else config
+    if not isinstance(cfg, W4A16Config):
+        raise TypeError(f"config: expected a W4A16Config or None, got {type(cfg).__name__}")
+    if k % cfg.block_k:
+        raise ValueError(f"config.block_k: expected a power of two >= 32 dividing k={k}, got {cfg.block_k}")
     if m == 0 or n == 0 or g == 0:
         return out
     if dot_fp32 is None:
         dot_fp32 = _interpreting()
-    if use_asm is None:
-        use_asm = not _interpreting()
+    if use_asm is None:  # DEEPINFER_DG_W4A16_ASM=0: the plain integer dequantiser (a fallback, slower)
+        use_asm = not _interpreting() and os.environ.get("DEEPINFER_DG_W4A16_ASM", "1") != "0"
+    if cfg.kernel == 2:
+        from .triton_fp4_grouped_v2 import launch_v2
+
+        return launch_v2(a, packed, scales, offs, out, cfg, bool(dot_fp32), bool(use_asm))
     a32 = _int32_view(a)  # [m, k/2] bf16 pairs (a bit view; a copy only when misaligned)
     b_u8 = packed.view(torch.uint8)  # bit views: no copies
     s_u8 = scales.view(torch.uint8)
-    grid = (g, triton.cdiv(n, block_n))
+    grid = (g, triton.cdiv(n, cfg.block_n))
     _w4a16_grouped_kernel[grid](
-        a32, b_u8, s_u8, offs, out,
-        m, n, k,
-        a32.stride(0), b_u8.stride(0), b_u8.stride(1), s_u8.stride(0), s_u8.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_FP32=bool(dot_fp32), USE_ASM=bool(use_asm),
-        num_warps=num_warps, num_stages=num_stages,
+        a32,
+        b_u8,
+        s_u8,
+        offs,
+        out,
+        m,
+        n,
+        k,
+        a32.stride(0),
+        b_u8.stride(0),
+        b_u8.stride(1),
+        s_u8.stride(0),
+        s_u8.stride(1),
+        out.stride(0),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DOT_FP32=bool(dot_fp32),
+        USE_ASM=bool(use_asm),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out

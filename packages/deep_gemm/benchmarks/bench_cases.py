@@ -1,0 +1,194 @@
+"""Benchmark cases of `bench_deep_gemm.py`: operands, the implementations to time, FLOPs and bytes.
+
+A case is (op, shape, {impl name: zero-argument callable}, flops, bytes, ceilings); impls whose name starts with
+"dg" are this package's, the others are baselines from the same run (torch._scaled_mm, torch.matmul,
+torch._grouped_mm). Operands are random (never zeros); values do not matter for time, so the baselines get their
+own random weights of the same shapes rather than dequantised copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from deepinfer import deep_gemm as dg
+from deepinfer.deep_gemm.backends.cuda.w4a16_configs import SWEEP, W4A16Config, default_config
+
+FP8 = torch.float8_e4m3fn
+
+# V4-Flash dense linear (n, k) shapes and token counts (issue 6).
+DENSE_NK = [(1024, 4096), (32768, 1024), (512, 4096), (4096, 8192), (4096, 2048), (2048, 4096), (8192, 1024)]
+DENSE_M = [1, 64, 128, 4096, 16384]
+# MoE experts: gate+up fused (n = 2 x 2048, k = 4096) and down (the engine's shape: n = 4096, k = 2048).
+EXPERT_NK = {"gate_up": (4096, 4096), "down": (4096, 2048)}
+NUM_EXPERTS, TOP_K = 256, 6
+# Grouped row layouts: the engine's decode / prefill (random top-6 routing) and uniform tokens per expert.
+GROUPED = {
+    "decode_b32": ("random", 32, "decode"),
+    "decode_b256": ("random", 256, "decode"),
+    "tpe8": ("uniform", 8, "decode"),
+    "prefill_32x256": ("random", 32 * 256, "prefill"),
+    "tpe256": ("uniform", 256, "prefill"),
+}
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    shape: dict
+    impls: dict[str, Callable[[], object]]
+    flops: float
+    nbytes: float  # minimum bytes moved by this package's implementation (weights read once, a, out)
+    compute_ceiling: str  # key of kernelkit.H200_CEILINGS
+    config: dict[str, str] = dataclasses.field(default_factory=dict)  # impl -> config name
+    compare_to: tuple[str, ...] = ()  # package impls that also count as baselines (FP8-expert vs FP4-expert)
+    out: torch.Tensor | None = None  # the buffer every `dg_w4a16[...]` impl writes: results are cross-checked
+
+
+SMALL_M = [1, 32, 64]  # decode rows of a dense linear (bf16 weights, the engine's path today)
+
+
+def bf16_smallm_cases(dev: str, ms: list[int], nks: list[tuple[int, int]]) -> list[Case]:
+    """bf16_gemm_nt at decode row counts (the small-m split-K Triton path) vs cuBLAS (torch.matmul)."""
+    cases = []
+    for n, k in nks:
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        for m in ms:
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            impls = {
+                "dg_bf16_gemm_nt": lambda a=a, w=w, out=out: dg.bf16_gemm_nt(a, w, out),
+                "torch_matmul_bf16": lambda a=a, w=w: torch.matmul(a, w.t()),
+            }
+            nbytes = 2 * (m * k + n * k + m * n)
+            cases.append(Case("bf16_gemm_nt", {"m": m, "n": n, "k": k}, impls, 2.0 * m * n * k, nbytes, "bf16_tflops"))
+    return cases
+
+
+def _fp8_pair(rows: int, k: int, dev: str, block_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random e4m3 values and positive fp32 scales: [rows, k/128] (1x128) or [rows/128, k/128] (128x128)."""
+    x = (torch.randn(rows, k, device=dev) * 4).to(FP8)
+    srows = -(-rows // 128) if block_rows else rows
+    return x, torch.rand(srows, -(-k // 128), device=dev) + 0.5
+
+
+def dense_fp8_cases(dev: str, ms: list[int], nks: list[tuple[int, int]]) -> list[Case]:
+    """fp8_gemm_nt (1x128 x 128x128 block scales) vs torch._scaled_mm (row-wise) and bf16 torch.matmul."""
+    cases = []
+    for n, k in nks:
+        b = _fp8_pair(n, k, dev, block_rows=True)
+        b_bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        sb_row = torch.rand(1, n, device=dev) + 0.5
+        for m in ms:
+            a = _fp8_pair(m, k, dev, block_rows=False)
+            a_bf16 = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            sa_row = torch.rand(m, 1, device=dev) + 0.5
+            out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            impls = {
+                "dg_fp8_gemm_nt": lambda a=a, b=b, out=out: dg.fp8_gemm_nt(a, b, out),
+                "torch_scaled_mm_rowwise": lambda a=a, b=b, sa=sa_row, sb=sb_row: torch._scaled_mm(
+                    a[0], b[0].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
+                ),
+                "torch_matmul_bf16": lambda x=a_bf16, w=b_bf16: torch.matmul(x, w.t()),
+            }
+            nbytes = m * k + n * k + 2 * m * n + 4 * (m + n // 128 + 1) * (k // 128)
+            cases.append(Case("fp8_gemm_nt", {"m": m, "n": n, "k": k}, impls, 2.0 * m * n * k, nbytes, "fp8_tflops"))
+    return cases
+
+
+def group_counts(kind: str, size: int, g: int, seed: int = 0) -> torch.Tensor:
+    """Rows per group (int64 [g], CPU): 'random' = top-6 routing of `size` tokens, 'uniform' = `size` each."""
+    if kind == "uniform":
+        return torch.full((g,), size, dtype=torch.int64)
+    scores = torch.rand(size, g, generator=torch.Generator().manual_seed(seed))
+    experts = scores.topk(min(TOP_K, g), dim=1).indices.flatten()
+    return torch.bincount(experts, minlength=g)
+
+
+def _fp4_weights(g: int, n: int, k: int, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
+    packed = torch.randint(0, 256, (g, n, k // 2), device=dev, dtype=torch.uint8)
+    scales = torch.randint(118, 128, (g, n, k // 32), device=dev, dtype=torch.uint8)
+    return packed, scales
+
+
+def _scaled_mm_loop(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, counts: list[int]):
+    """The issue's grouped FP8 baseline: one row-wise-scaled torch._scaled_mm per non-empty expert."""
+
+    def run() -> None:
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                torch._scaled_mm(
+                    a[start : start + c], w[e].t(), scale_a=sa[start : start + c], scale_b=sw[e],
+                    out_dtype=torch.bfloat16,
+                )  # fmt: skip
+            start += c
+
+    return run
+
+
+FP8_GROUPED = "dg_fp8_grouped_triton"
+
+
+def _fp8_grouped_call(a8: torch.Tensor, w: torch.Tensor, sfb: torch.Tensor, per_group: int, g: int):
+    """The Triton grouped FP8 GEMM (128x128 weight scales) on `per_group` rows per group: the masked layout for
+    decode sizes (<= 64 rows), DeepGEMM's aligned contiguous layout otherwise (per_group % 128 == 0 there)."""
+    from deepinfer.deep_gemm.backends.cuda import triton_fp8_grouped as fg
+
+    k = a8.shape[1]
+    sfa = torch.rand(a8.shape[0], -(-k // 128), device=a8.device) + 0.5
+    out = torch.empty(a8.shape[0], w.shape[1], device=a8.device, dtype=torch.bfloat16)
+    if per_group <= 64:
+        a3, sfa3, out3 = a8.view(g, per_group, k), sfa.view(g, per_group, -1), out.view(g, per_group, -1)
+        cnt = torch.full((g,), per_group, dtype=torch.int32, device=a8.device)
+        return lambda: fg.m_grouped_fp8_masked_triton(a3, sfa3, w, sfb, out3, cnt, per_group)
+    ids = torch.arange(g, device=a8.device, dtype=torch.int32).repeat_interleave(per_group)
+    return lambda: fg.m_grouped_fp8_contiguous_triton(a8, sfa, w, sfb, out, ids, expected_m=per_group)
+
+
+def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, cfg: W4A16Config | None):
+    """The package's W4A16 grouped GEMM with a fixed config (None: the shape heuristic)."""
+    return lambda: dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out, config=cfg)
+
+
+def w4a16_cases(
+    dev: str, layouts: dict[str, tuple[str, int, str]], nks: dict[str, tuple[int, int]], g: int,
+    sweep: dict[str, tuple[W4A16Config, ...]] = SWEEP, baselines: bool = True,
+) -> list[Case]:  # fmt: skip
+    """m_grouped_bf16_fp4_gemm_nt_contiguous for every swept config (+ the default) vs torch._grouped_mm (bf16
+    weights) and a per-expert torch._scaled_mm loop (FP8 weights)."""
+    cases = []
+    for wname, (n, k) in nks.items():
+        packed, scales = _fp4_weights(g, n, k, dev)
+        w_bf16 = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16) if baselines else None
+        w_fp8 = (torch.randn(g, n, k, device=dev) * 4).to(FP8) if baselines else None
+        sw = torch.rand(g, 1, n, device=dev) + 0.5 if baselines else None
+        sfb_fp8 = torch.rand(g, n // 128, k // 128, device=dev) + 0.5 if baselines else None
+        for lname, (kind, size, regime) in layouts.items():
+            counts = group_counts(kind, size, g)
+            m = int(counts.sum())
+            offs = counts.cumsum(0).to(torch.int32).to(dev)
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            impls, config = {}, {}
+            for cfg in sweep[regime]:
+                impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_call(a, (packed, scales), offs, out, cfg)
+                config[f"dg_w4a16[{cfg.name}]"] = cfg.name
+            impls["dg_w4a16[default]"] = _w4a16_call(a, (packed, scales), offs, out, None)
+            config["dg_w4a16[default]"] = default_config(m, g).name
+            if baselines:
+                bt = w_bf16.transpose(-2, -1)
+                impls["torch_grouped_mm_bf16"] = lambda a=a, o=offs, bt=bt: torch._grouped_mm(a, bt, offs=o)
+                a8 = (a * 4).to(FP8)
+                sa = torch.rand(m, 1, device=dev) + 0.5
+                impls["torch_scaled_mm_loop_fp8"] = _scaled_mm_loop(a8, sa, w_fp8, sw, counts.tolist())
+                if kind == "uniform":
+                    impls[FP8_GROUPED] = _fp8_grouped_call(a8, w_fp8, sfb_fp8, size, g)
+            active = int((counts > 0).sum())
+            nbytes = active * (n * k // 2 + n * k // 32) + 2 * m * k + 2 * m * n + 4 * g
+            shape = {"layout": lname, "weights": wname, "m": m, "n": n, "k": k, "groups": g, "active": active}
+            cases.append(Case("m_grouped_bf16_fp4_gemm_nt_contiguous", shape, impls, 2.0 * m * n * k, nbytes,
+                              "bf16_tflops", config, compare_to=(FP8_GROUPED,), out=out))  # fmt: skip
+    return cases

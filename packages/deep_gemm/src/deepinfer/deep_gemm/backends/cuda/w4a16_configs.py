@@ -1,0 +1,114 @@
+"""Tile configurations of the W4A16 grouped kernel (`triton_fp4_grouped.py`) and the metadata-only heuristic.
+
+No Triton import here, so the API, tests and the benchmark can name configurations on any machine.
+
+Why the row tile matters: one program owns (group, BLOCK_N columns) and walks its group's rows in BLOCK_M
+tiles, dequantising the whole [BLOCK_N, k] weight slice again for every row tile. Decode groups hold 0-6 rows
+(one 16-row tile, the smallest `tl.dot` allows); prefill groups hold ~200, where 16-row tiles dequantise each
+weight 13 times and run 16-wide MMAs, so prefill wants 64-128 row tiles (weights dequantised ~once).
+
+The heuristic reads only shapes (and an optional caller hint), never tensor values: the launcher must stay
+CUDA-graph safe (no .item() / .tolist()). Rows per group is estimated as `expected_m` when the caller gives it
+(DeepGEMM's name for the same hint), else ceil(m / g): exact when every group is active (prefill), an
+underestimate when few are (decode), which errs toward the decode tiles, the right side to err on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+__all__ = ["W4A16Config", "DECODE", "PREFILL", "SWEEP", "default_config", "parse_config", "rows_per_group"]
+
+
+@dataclasses.dataclass(frozen=True)
+class W4A16Config:
+    """One launch configuration: tile sizes (powers of two; block_m, block_n >= 16; block_k >= 32, dividing k),
+    Triton's num_warps / num_stages, and which kernel: 1 = `triton_fp4_grouped.py`, 2 =
+    `triton_fp4_grouped_v2.py` (natural-k-order single dot, int32 scale words; block_k must be 128)."""
+
+    block_m: int
+    block_n: int
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    kernel: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of two >= 16, got {v!r}")
+        if not isinstance(self.block_k, int) or self.block_k < 32 or self.block_k & (self.block_k - 1):
+            raise ValueError(f"block_k: expected a power of two >= 32, got {self.block_k!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"num_stages: expected an int in [1, 8], got {self.num_stages!r}")
+        if self.kernel not in (1, 2):
+            raise ValueError(f"kernel: expected 1 or 2, got {self.kernel!r}")
+        if self.kernel == 2 and self.block_k != 128:
+            raise ValueError(f"block_k: kernel 2 needs 128, got {self.block_k!r}")
+
+    @property
+    def name(self) -> str:
+        """Short id, e.g. 'm16n64k128w2s3' (kernel 2: suffix 'v2'; parse it back with `parse_config`)."""
+        v = "v2" if self.kernel == 2 else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{v}"
+
+
+def parse_config(name: str) -> W4A16Config:
+    """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3), '...v2' -> kernel 2; ValueError for anything else."""
+    match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(v2)?", name)
+    if match is None:
+        raise ValueError(f"config: expected a name like 'm16n64k128w2s3' or 'm128n128k128w8s3v2', got {name!r}")
+    *ints, v2 = match.groups()
+    return W4A16Config(*(int(v) for v in ints), kernel=2 if v2 else 1)
+
+
+# Decode default: measured best of num_warps 2/4/8 and stages 2/3/4 on an H200 (Triton 3.6) for 8 experts x
+# 1 row, n = 4096, k = 2048..4096, before the prefill tiles existed.
+DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3)
+# Prefill default (NOT yet measured: the lead picks from the benchmark's sweep): 128 x 128 tiles, 8 warps
+# (two warpgroups of 64 weight rows each for wgmma), 3 stages = 3 x (16 KiB weights + 32 KiB a) of smem.
+PREFILL = W4A16Config(128, 128, 128, num_warps=8, num_stages=3)
+MID = W4A16Config(64, 128, 128, num_warps=4, num_stages=3)  # 17..96 rows per group
+
+# What the benchmark times per regime (every one is also a `gpu` test); the defaults are among them.
+SWEEP: dict[str, tuple[W4A16Config, ...]] = {
+    "decode": (
+        DECODE,
+        W4A16Config(16, 64, 128, num_warps=4, num_stages=3),  # 4 warps: wgmma (m64) instead of mma.sync
+        W4A16Config(16, 32, 128, num_warps=2, num_stages=4),  # twice the programs, deeper pipeline
+        W4A16Config(16, 64, 256, num_warps=4, num_stages=2),  # half the k-loop trips, same bytes in flight
+    ),
+    "prefill": (
+        PREFILL,
+        MID,
+        W4A16Config(128, 64, 128, num_warps=4, num_stages=3),
+        W4A16Config(64, 64, 128, num_warps=4, num_stages=4),
+        W4A16Config(128, 128, 128, num_warps=8, num_stages=3, kernel=2),  # a straight to smem, one dot
+    ),
+}
+
+
+def rows_per_group(m: int, g: int, expected_m: int | None = None) -> int:
+    """The rows-per-group estimate the heuristic uses: expected_m if given, else ceil(m / g) (0 when g == 0)."""
+    if expected_m is not None:
+        if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 0:
+            raise ValueError(f"expected_m: expected an int >= 0 (rows per group hint), got {expected_m!r}")
+        return expected_m
+    return -(-m // g) if g > 0 else 0
+
+
+def default_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config:
+    """Config for a grouped GEMM of m rows over g groups, from metadata only (see the module docstring).
+
+    <= 16 rows per group: DECODE; 17..96: MID (64-row tiles); more: PREFILL (128-row tiles).
+    """
+    rows = rows_per_group(m, g, expected_m)
+    if rows <= 16:
+        return DECODE
+    if rows <= 96:
+        return MID
+    return PREFILL
