@@ -23,3 +23,13 @@ def use_triton(device: torch.device) -> bool:
             return False
         return True
     return False  # "reference", or "ascend" (no NPU kernels yet)
+
+
+def impl(name: str, device: torch.device, ref_fn):
+    """The function a call on `device` runs when no CUDA fast path took it: the Ascend mapping of op `name`
+    (torch_npu operator where one fits, else the reference) when the backend choice is "ascend", else `ref_fn`."""
+    if backend(device) == "ascend":
+        from .backends.ascend import dispatch
+
+        return dispatch(name)
+    return ref_fn

@@ -29,7 +29,7 @@ from ._checks import (
     check_tensor,
 )
 from ._checks import check_weight_scales as _check_weight
-from ._dispatch import use_triton
+from ._dispatch import impl, use_triton
 from .api_moe import (
     m_grouped_fp8_fp4_gemm_nt_contiguous,
     m_grouped_fp8_fp4_gemm_nt_masked,
@@ -102,7 +102,7 @@ def bf16_gemm_nt(
 
             return bf16_gemm_nt_smallm(a, b, out)
         return _cublas.bf16_gemm_nt(a, b, out)
-    return ref.bf16_gemm_nt(a, b, out, c)
+    return impl("bf16_gemm_nt", a.device, ref.bf16_gemm_nt)(a, b, out, c)
 
 
 def fp8_gemm_nt(
@@ -178,7 +178,7 @@ def grouped_gemm_nt_bf16(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
 
             return bf16_gemm_nt_smallm(a, b, out)
         return _cublas.grouped_gemm_nt_bf16(a, b, out)
-    return ref.grouped_gemm_nt_bf16(a, b, out)
+    return impl("grouped_gemm_nt_bf16", a.device, ref.grouped_gemm_nt_bf16)(a, b, out)
 
 
 def grouped_gemm_nt_fp8(

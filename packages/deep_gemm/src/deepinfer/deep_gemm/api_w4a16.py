@@ -14,7 +14,7 @@ import torch
 
 from . import reference_w4a16 as ref
 from ._checks import check_pair, check_same_device, check_tensor
-from ._dispatch import use_triton
+from ._dispatch import impl, use_triton
 from .backends.cuda.w4a16_configs import W4A16Config, rows_per_group
 
 __all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
@@ -82,4 +82,5 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
         return m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
             a, packed, scales, offs, out, config=config, expected_m=expected_m
         )
-    return ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, out)
+    fn = impl("m_grouped_bf16_fp4_gemm_nt_contiguous", a.device, ref.m_grouped_bf16_fp4_gemm_nt_contiguous)
+    return fn(a, packed, scales, offs, out)
