@@ -55,6 +55,43 @@ def _time_cuda(fn: Callable[[], object], rep: int, flush: torch.Tensor | None) -
     return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
 
+GRAPH_CALLS = 8  # calls per captured graph: the graph's own launch latency is spread over them
+
+
+def _capture(body: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+def _time_graph(fn: Callable[[], object], rep: int, flush: torch.Tensor | None) -> list[float]:
+    """GPU time per call without host launch overhead: replay a graph of GRAPH_CALLS x (flush, fn) and one of
+    GRAPH_CALLS x (flush) back to back; per-call time = (t_work - t_flush) / GRAPH_CALLS."""
+
+    def work() -> None:
+        for _ in range(GRAPH_CALLS):
+            if flush is not None:
+                flush.zero_()
+            fn()
+
+    def flush_only() -> None:
+        for _ in range(GRAPH_CALLS):
+            if flush is not None:
+                flush.zero_()
+
+    g_work, g_flush = _capture(work), _capture(flush_only)
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(rep)]
+    for e0, e1, e2 in ev:
+        e0.record()
+        g_work.replay()
+        e1.record()
+        g_flush.replay()
+        e2.record()
+    torch.cuda.synchronize()
+    return [max(0.0, (e0.elapsed_time(e1) - e1.elapsed_time(e2)) * 1e3 / GRAPH_CALLS) for e0, e1, e2 in ev]
+
+
 def _time_cpu(fn: Callable[[], object], rep: int, flush: torch.Tensor | None) -> list[float]:
     times = []
     for _ in range(rep):
@@ -74,6 +111,7 @@ def bench_cuda(
     flush_l2: bool = True,
     flush_bytes: int | None = None,
     use_cuda: bool | None = None,
+    mode: str = "auto",
 ) -> dict[str, float | int | str]:
     """Time ``fn()`` ``rep`` times after ``warmup`` untimed calls; all times in microseconds.
 
@@ -85,11 +123,17 @@ def bench_cuda(
             in cache (kernels are judged from HBM, as in production).
         flush_bytes: flush buffer size; default 256 MiB on CUDA, 32 MiB on CPU.
         use_cuda: None picks CUDA events when a CUDA device is available, else ``perf_counter``.
+        mode: on CUDA, "graph" times replays of a captured CUDA graph (GPU time only: the host's launch cost,
+            large for Python-launched kernels such as Triton's, is not counted; that is how the engine runs
+            decode), "events" brackets each eager call with events (launch cost included when the host is the
+            bottleneck), "auto" tries "graph" and falls back to "events" when `fn` cannot be captured.
 
     Returns: {"median_us", "p10", "p90" (10th / 90th percentile, us), "mean_us", "min_us", "rep",
-    "timer": "cuda_events" | "perf_counter"}.
+    "timer": "cuda_graph" | "cuda_events" | "perf_counter"} (+ "graph_error" when "auto" fell back).
     """
     _check_args(fn, warmup, rep, flush_bytes)
+    if mode not in ("auto", "graph", "events"):
+        raise ValueError(f"mode: expected 'auto', 'graph' or 'events', got {mode!r}")
     cuda = torch.cuda.is_available() if use_cuda is None else use_cuda
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("use_cuda=True but no CUDA device is available")
@@ -100,5 +144,15 @@ def bench_cuda(
         fn()
     if cuda:
         torch.cuda.synchronize()
+        if mode in ("auto", "graph"):
+            try:
+                return _summary(_time_graph(fn, rep, flush), "cuda_graph")
+            except Exception as exc:  # noqa: BLE001 - capture refused (host sync, CPU work, ...)
+                if mode == "graph":
+                    raise
+                torch.cuda.synchronize()
+                res = _summary(_time_cuda(fn, rep, flush), "cuda_events")
+                res["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                return res
         return _summary(_time_cuda(fn, rep, flush), "cuda_events")
     return _summary(_time_cpu(fn, rep, flush), "perf_counter")

@@ -1,16 +1,20 @@
 """Public tile_kernels API: validation, then the fastest available implementation.
 
 Every function has a reference twin in `reference.py`. Fast paths (Triton / CUDA) are selected per call by
-`deepinfer.tile_kernels.backend(device)`; today every op runs the reference (fast paths: issue 3).
+`deepinfer.tile_kernels.backend(device)`. On CUDA tensors (unless DEEPINFER_TILE_KERNELS_BACKEND=reference) the
+ops with a Triton kernel in `backends/cuda/` call it (see `backends/__init__.py` for the list); the others, and
+every op on CPU / Ascend, run the reference. Kernels return the reference's shape, dtype and values (within the
+tolerances their tests derive); their results are contiguous.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import reference as _ref
+from ._dispatch import ascend_or as _ascend_or
+from ._dispatch import triton_float_ok as _triton_float_ok
+from ._dispatch import triton_ok as _triton_ok
 from ._validate import check_last_dim, check_same_device, check_tensor
 
 __all__ = [
@@ -28,9 +32,11 @@ __all__ = [
 ]
 
 
-def _triton_ok(x: torch.Tensor) -> bool:
-    """Triton kernels run for CUDA tensors unless DEEPINFER_TILE_KERNELS_BACKEND forces the reference."""
-    return x.is_cuda and os.environ.get("DEEPINFER_TILE_KERNELS_BACKEND", "auto").strip().lower() != "reference"
+# limits of the Triton kernels (= their modules' constants, kept here so the CPU path never imports triton)
+_RMS_MAX_D = 16384  # triton_norm.MAX_D
+_POOL_MAX_SLOTS = 1024  # triton_pool.MAX_SLOTS
+_ROUTE_MAX_TOPK, _ROUTE_MAX_EXPERTS = 16, 4096  # triton_route.MAX_TOPK, MAX_EXPERTS
+_ROUTE_SCORINGS = ("sqrtsoftplus", "sigmoid", "softmax")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -40,7 +46,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
         check_tensor("weight", weight, ndim=1)
         check_last_dim("weight", weight, x.shape[-1])
         check_same_device(x=x, weight=weight)
-    return _ref.rms_norm(x, weight, eps)
+    if _triton_float_ok(x, weight) and 1 <= x.shape[-1] <= _RMS_MAX_D:
+        from .backends.cuda.triton_norm import rms_norm_triton  # imports triton: only on this path
+
+        return rms_norm_triton(x, weight, eps)
+    return _ascend_or("rms_norm", x.device, _ref.rms_norm)(x, weight, eps)
 
 
 rope_inv_freq = _ref.rope_inv_freq
@@ -58,7 +68,11 @@ def apply_rope_interleaved(
         check_tensor(name, t, ndim=2)
         if tuple(t.shape) != (x.shape[0], rope_dim // 2):
             raise ValueError(f"{name} must have shape {(x.shape[0], rope_dim // 2)}, got {tuple(t.shape)}")
-    return _ref.apply_rope_interleaved(x, cos, sin, rope_dim, inverse)
+    if _triton_float_ok(x, cos, sin) and x.dim() >= 2:
+        from .backends.cuda.triton_rope import apply_rope_interleaved_triton
+
+        return apply_rope_interleaved_triton(x, cos, sin, rope_dim, inverse)
+    return _ascend_or("apply_rope_interleaved", x.device, _ref.apply_rope_interleaved)(x, cos, sin, rope_dim, inverse)
 
 
 def _check_mhc(x: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
@@ -98,16 +112,31 @@ def mhc_post(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
         raise ValueError(f"f must have shape {(t, d)}, got {tuple(f.shape)}")
     if tuple(post.shape) != (t, hc) or tuple(comb.shape) != (t, hc, hc):
         raise ValueError(f"post/comb must be {(t, hc)}/{(t, hc, hc)}, got {tuple(post.shape)}/{tuple(comb.shape)}")
-    return _ref.mhc_post(f, residual, post, comb)
+    if _triton_float_ok(f, residual, post, comb) and hc >= 1 and hc & (hc - 1) == 0:
+        from .backends.cuda.triton_mhc_post import mhc_post_triton
+
+        return mhc_post_triton(f, residual, post, comb)
+    return _ascend_or("mhc_post", residual.device, _ref.mhc_post)(f, residual, post, comb)
 
 
 def mhc_head(
-    x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
 ) -> torch.Tensor:
     """mHC head: x [t, hc, d] -> [t, d] (sigmoid-weighted stream sum, no Sinkhorn)."""
     _check_mhc(x, fn, x.shape[1] if x.dim() == 3 else 0)
-    return _ref.mhc_head(x, fn, scale, base, rms_eps, hc_eps)
+    hc = x.shape[1]
+    if _triton_float_ok(x) and hc & (hc - 1) == 0:
+        from .backends.cuda.triton_mhc_post import mhc_weighted_sum_triton
+
+        # the stream weights need a norm over the whole [hc * d] row: a few small reference ops; the weighted
+        # sum over [t, hc, d] (the traffic) is one kernel
+        return mhc_weighted_sum_triton(x, _ref.mhc_head_weights(x, fn, scale, base, rms_eps, hc_eps))
+    return _ascend_or("mhc_head", x.device, _ref.mhc_head)(x, fn, scale, base, rms_eps, hc_eps)
 
 
 def swiglu_clamp(gate: torch.Tensor, up: torch.Tensor, limit: float | None = 10.0) -> torch.Tensor:
@@ -115,7 +144,12 @@ def swiglu_clamp(gate: torch.Tensor, up: torch.Tensor, limit: float | None = 10.
     check_tensor("gate", gate, floating=True)
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
-    return _ref.swiglu_clamp(gate, up, limit)
+    plain_limit = limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool))
+    if _triton_float_ok(gate, up) and plain_limit:
+        from .backends.cuda.triton_act import swiglu_clamp_triton
+
+        return swiglu_clamp_triton(gate, up, limit)
+    return _ascend_or("swiglu_clamp", gate.device, _ref.swiglu_clamp)(gate, up, limit)
 
 
 def softmax_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
@@ -123,23 +157,47 @@ def softmax_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     check_tensor("kv", kv, ndim=3, floating=True)
     if kv.shape != score.shape:
         raise ValueError(f"kv and score must have the same shape, got {tuple(kv.shape)} and {tuple(score.shape)}")
+    if _triton_float_ok(kv, score) and kv.shape[1] <= _POOL_MAX_SLOTS:
+        from .backends.cuda.triton_pool import softmax_pool_triton
+
+        return softmax_pool_triton(kv, score)
     return _ref.softmax_pool(kv, score)
 
 
 def moe_route(
-    logits: torch.Tensor, bias: torch.Tensor | None, topk: int, scoring: str = "sqrtsoftplus",
-    route_scale: float = 1.0, renorm: bool = True,
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    topk: int,
+    scoring: str = "sqrtsoftplus",
+    route_scale: float = 1.0,
+    renorm: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router: logits [t, E] (+ bias [E] for selection) -> (weights [t, topk] fp32, ids [t, topk] int64)."""
     check_tensor("logits", logits, ndim=2, floating=True)
     if not 1 <= topk <= logits.shape[1]:
         raise ValueError(f"topk must be in [1, {logits.shape[1]}], got {topk}")
+    if (
+        _triton_float_ok(logits, bias)
+        and scoring in _ROUTE_SCORINGS
+        and isinstance(topk, int)
+        and topk <= _ROUTE_MAX_TOPK
+        and logits.shape[1] <= _ROUTE_MAX_EXPERTS
+        and isinstance(route_scale, (int, float))
+        and not isinstance(route_scale, bool)
+    ):
+        from .backends.cuda.triton_route import moe_route_triton
+
+        return moe_route_triton(logits, bias, topk, scoring, route_scale, bool(renorm))
     return _ref.moe_route(logits, bias, topk, scoring, route_scale, renorm)
 
 
 def hash_route(
-    logits: torch.Tensor, token_ids: torch.Tensor, tid2eid: torch.Tensor, scoring: str = "sqrtsoftplus",
-    route_scale: float = 1.0, renorm: bool = True,
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    tid2eid: torch.Tensor,
+    scoring: str = "sqrtsoftplus",
+    route_scale: float = 1.0,
+    renorm: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Hash routing: experts tid2eid[token_ids] ([vocab, topk] table), weights from logits [t, E]."""
     check_tensor("logits", logits, ndim=2, floating=True)
@@ -153,3 +211,7 @@ from .api_quant import *  # noqa: E402,F401,F403  (quantisation ops join the pub
 from .api_quant import __all__ as _quant_all  # noqa: E402
 
 __all__ += list(_quant_all)
+from .api_fused import *  # noqa: E402,F401,F403  (fused ops join the public API)
+from .api_fused import __all__ as _fused_all  # noqa: E402
+
+__all__ += list(_fused_all)

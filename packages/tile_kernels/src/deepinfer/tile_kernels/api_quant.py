@@ -1,4 +1,6 @@
-"""Public FP8 (e4m3) / FP4 (e2m1) quantisation ops: argument validation, then the reference in `ref/quant.py`.
+"""Public FP8 (e4m3) / FP4 (e2m1) quantisation ops: argument validation, then the reference in `ref/quant.py`,
+or, for CUDA fp32/bf16/fp16 input with a power-of-two block, the bit-exact Triton kernel of
+`backends/cuda/triton_quant.py` (fp8_quant_ue8m0, fp8_quant_dequant_ue8m0, per_token_group_quant_fp8).
 
 UE8M0 scales are powers of two 2^e. The exponent is ``ceil(log2(amax * fp32(1/max)))`` taken from the
 IEEE bits of that fp32 product (DeepSeek's kernels do the same), with amax floored at 1e-4 (FP8) or
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ._dispatch import triton_float_ok
 from .ref import quant as _ref
 
 __all__ = [
@@ -65,6 +68,17 @@ def _check_finite(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected finite values, got NaN or inf")
 
 
+def _fp8_fast(x: torch.Tensor, block: int) -> bool:
+    """The Triton per-group FP8 kernel takes CUDA fp32/bf16/fp16 input with a power-of-two block <= 4096."""
+    return triton_float_ok(x) and block <= 4096 and block & (block - 1) == 0 and block >= 2
+
+
+def _fp8_triton(x: torch.Tensor, block: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    from .backends.cuda.triton_quant import fp8_group_quant_triton  # imports triton: only on this path
+
+    return fp8_group_quant_triton(x, block, mode)
+
+
 def fp8_quant_ue8m0(x: torch.Tensor, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise each contiguous `block` of the last dim to e4m3 with a power-of-two scale.
 
@@ -74,6 +88,8 @@ def fp8_quant_ue8m0(x: torch.Tensor, block: int = 64) -> tuple[torch.Tensor, tor
     """
     _check_tensor("x", x, _FLOAT_DTYPES)
     _check_block("block", block, x.shape[-1])
+    if _fp8_fast(x, block):
+        return _fp8_triton(x, block, "exp")
     return _ref.fp8_quant_ue8m0(x, block)
 
 
@@ -85,6 +101,8 @@ def fp8_quant_dequant_ue8m0(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     """
     _check_tensor("x", x, _FLOAT_DTYPES)
     _check_block("block", block, x.shape[-1])
+    if _fp8_fast(x, block):
+        return _fp8_triton(x, block, "dequant")[0]
     return _ref.fp8_quant_dequant_ue8m0(x, block)
 
 
@@ -139,7 +157,10 @@ def per_token_group_quant_fp8(
     """
     _check_tensor("x", x, _FLOAT_DTYPES)
     _check_block("group_size", group_size, x.shape[-1])
-    return _ref.per_token_group_quant_fp8(x, group_size, _check_scale_fmt(scale_fmt))
+    fmt = _check_scale_fmt(scale_fmt)
+    if _fp8_fast(x, group_size):
+        return _fp8_triton(x, group_size, "pow2" if fmt == "ue8m0" else "fp32")
+    return _ref.per_token_group_quant_fp8(x, group_size, fmt)
 
 
 def _check_block2(block: object) -> tuple[int, int]:

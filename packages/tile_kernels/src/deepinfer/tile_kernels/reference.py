@@ -2,7 +2,8 @@
 
 from .ref.act import swiglu_clamp
 from .ref.compressor import softmax_pool
-from .ref.mhc import mhc_head, mhc_post, mhc_pre, sinkhorn
+from .ref.fused import kv_norm_rope_quant, swiglu_clamp_fp8
+from .ref.mhc import mhc_head, mhc_head_weights, mhc_post, mhc_pre, sinkhorn
 from .ref.moe import hash_route, moe_route, moe_scores
 from .ref.norm import rms_norm
 from .ref.rope import apply_rope_interleaved, rope_cos_sin, rope_inv_freq
@@ -10,7 +11,9 @@ from .ref.rope import apply_rope_interleaved, rope_cos_sin, rope_inv_freq
 __all__ = [
     "apply_rope_interleaved",
     "hash_route",
+    "kv_norm_rope_quant",
     "mhc_head",
+    "mhc_head_weights",
     "mhc_post",
     "mhc_pre",
     "moe_route",
@@ -21,6 +24,7 @@ __all__ = [
     "sinkhorn",
     "softmax_pool",
     "swiglu_clamp",
+    "swiglu_clamp_fp8",
 ]
 from .ref.quant import *  # noqa: E402,F401,F403
 from .ref.quant import __all__ as _quant_all  # noqa: E402

@@ -57,11 +57,19 @@ def mhc_post(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
     return (mixed + post[:, :, None] * f.float()[:, None, :]).to(residual.dtype)
 
 
+def mhc_head_weights(
+    x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
+    hc_eps: float = 1e-6,
+) -> torch.Tensor:
+    """The head's stream weights: x [t, hc, d], fn [hc, hc*d], scale [1], base [hc] -> fp32 [t, hc]."""
+    m = _mix_logits(x, fn, rms_eps)
+    return torch.sigmoid(m * scale.float()[0] + base.float()) + hc_eps
+
+
 def mhc_head(
     x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
 ) -> torch.Tensor:
     """Collapse the streams for the output head: x [t, hc, d], fn [hc, hc*d], scale [1], base [hc] -> [t, d]."""
-    m = _mix_logits(x, fn, rms_eps)
-    pre = torch.sigmoid(m * scale.float()[0] + base.float()) + hc_eps
+    pre = mhc_head_weights(x, fn, scale, base, rms_eps, hc_eps)
     return torch.einsum("ti,tid->td", pre, x.float()).to(x.dtype)

@@ -61,6 +61,7 @@ _WHY = {
     "mhc_pre": "no torch_npu operator for mHC / Sinkhorn",
     "mhc_post": "no torch_npu operator for mHC",
     "mhc_head": "no torch_npu operator for mHC",
+    "mhc_head_weights": "no torch_npu operator for mHC",
     "sinkhorn": "no torch_npu operator for Sinkhorn",
     "softmax_pool": "no fused softmax-gated pooling operator",
     "moe_route": "npu_moe_gating_top_k: no sqrt-softplus, 256 experts / k_group 4 on A2/A3, eps renorm, no tie rule",

@@ -22,10 +22,30 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
+def swiglu_math(g, u, limit, HAS_LIMIT: tl.constexpr):
+    """fp32 silu(min(g, limit)) * clamp(u, -limit, limit) in the reference's order (shared with triton_fused)."""
+    if HAS_LIMIT:  # torch.clamp order: max(., lo) then min(., hi)
+        g = tl.where(g > limit, limit, g)
+        u = tl.where(u < -limit, -limit, u)
+        u = tl.where(u > limit, limit, u)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _swiglu_kernel(
-    g_ptr, u_ptr, y_ptr,
-    n_rows, n, stride_gr, stride_gn, stride_ur, stride_un, limit,
-    HAS_LIMIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    g_ptr,
+    u_ptr,
+    y_ptr,
+    n_rows,
+    n,
+    stride_gr,
+    stride_gn,
+    stride_ur,
+    stride_un,
+    limit,
+    HAS_LIMIT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """gate, up [n_rows, n] (strided) -> y [n_rows, n] contiguous (y dtype)."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BR]
@@ -33,13 +53,7 @@ def _swiglu_kernel(
     mask = (rows < n_rows)[:, None] & (cols < n)[None, :]
     g = tl.load(g_ptr + rows[:, None] * stride_gr + cols[None, :] * stride_gn, mask=mask, other=0.0)
     u = tl.load(u_ptr + rows[:, None] * stride_ur + cols[None, :] * stride_un, mask=mask, other=0.0)
-    g = g.to(tl.float32)
-    u = u.to(tl.float32)
-    if HAS_LIMIT:  # torch.clamp order: max(., lo) then min(., hi)
-        g = tl.where(g > limit, limit, g)
-        u = tl.where(u < -limit, -limit, u)
-        u = tl.where(u > limit, limit, u)
-    y = g / (1.0 + tl.exp(-g)) * u
+    y = swiglu_math(g.to(tl.float32), u.to(tl.float32), limit, HAS_LIMIT)
     tl.store(y_ptr + rows[:, None] * n + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -71,10 +85,20 @@ def _launch(
     bn = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(n)))
     br = min(triton.next_power_of_2(n_rows), max(1, TILE_ELEMS // bn))
     _swiglu_kernel[(triton.cdiv(n_rows, br), triton.cdiv(n, bn))](
-        g2, u2, out,
-        n_rows, n, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
+        g2,
+        u2,
+        out,
+        n_rows,
+        n,
+        g2.stride(0),
+        g2.stride(1),
+        u2.stride(0),
+        u2.stride(1),
         float(limit) if limit is not None else 0.0,
-        HAS_LIMIT=limit is not None, BLOCK_R=br, BLOCK_N=bn, num_warps=max(1, min(8, br * bn // 512)),
+        HAS_LIMIT=limit is not None,
+        BLOCK_R=br,
+        BLOCK_N=bn,
+        num_warps=max(1, min(8, br * bn // 512)),
     )
     return out
 

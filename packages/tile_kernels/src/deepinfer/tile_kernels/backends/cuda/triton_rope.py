@@ -7,8 +7,14 @@ stores stay contiguous:
 
     even j = 2k: x[j] * c_k - x[j+1] * s_k        odd j = 2k+1: x[j] * c_k + x[j-1] * s_k
 
-(s_k negated for `inverse`), the reference's products and sums in fp32. No host sync (CUDA-graph safe);
-blocks come from shapes only.
+(s_k negated for `inverse`), the reference's products and sums in fp32. The launch turns Triton's fp fusion
+off (`enable_fp_fusion=False`): by default the compiler contracts `xv * c + xp * s` into one FMA, which rounds
+once where the reference (torch eager: a mul, a mul, an add) rounds three times. The two fp32 results then
+differ by up to ~4 fp32 ulps of |(a, b)|, which is more than a bf16 ulp of the output where a*c and b*s nearly
+cancel (|out| << |(a, b)|); this showed on the H200 as a 1-ulp bf16 miss at 4096 tokens. Without the FMA every
+output is the same three correctly rounded fp32 operations as the reference (the operand order of the
+commutative add differs only), so the result is bit-identical, also after the cast to bf16 (RNE both sides).
+A memory-bound kernel loses nothing by it. No host sync (CUDA-graph safe); blocks come from shapes only.
 """
 
 from __future__ import annotations
@@ -32,10 +38,23 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, y_ptr,
-    M, d, rope_start,
-    stride_xt, stride_xm, stride_xd, stride_ct, stride_ck, stride_st, stride_sk,
-    INVERSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    y_ptr,
+    M,
+    d,
+    rope_start,
+    stride_xt,
+    stride_xm,
+    stride_xd,
+    stride_ct,
+    stride_ck,
+    stride_st,
+    stride_sk,
+    INVERSE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """x [t, M, d] (strided), cos/sin [t, (d - rope_start) / 2] (strided) -> y [t, M, d] contiguous."""
     tok = tl.program_id(0).to(tl.int64)
@@ -109,8 +128,9 @@ def apply_rope_interleaved_triton(
     check_runnable(x, cos, sin)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    elif (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or out.device != x.device
-          or not out.is_contiguous()):
+    elif (
+        tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous()
+    ):
         raise ValueError(
             f"out must be contiguous {x.dtype} {list(x.shape)} on {x.device}, "
             f"got {out.dtype} {list(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
@@ -123,9 +143,24 @@ def apply_rope_interleaved_triton(
     x3 = x.reshape(t, m, d)  # a view whenever the middle dims merge into one stride
     bm, bc, warps = _blocks(t, m, d)
     _rope_kernel[(t, triton.cdiv(m, bm))](
-        x3, cos, sin, out,
-        m, d, d - rope_dim,
-        x3.stride(0), x3.stride(1), x3.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        INVERSE=bool(inverse), BLOCK_M=bm, BLOCK_C=bc, num_warps=warps,
+        x3,
+        cos,
+        sin,
+        out,
+        m,
+        d,
+        d - rope_dim,
+        x3.stride(0),
+        x3.stride(1),
+        x3.stride(2),
+        cos.stride(0),
+        cos.stride(1),
+        sin.stride(0),
+        sin.stride(1),
+        INVERSE=bool(inverse),
+        BLOCK_M=bm,
+        BLOCK_C=bc,
+        num_warps=warps,
+        enable_fp_fusion=False,  # no FMA: round like the reference (module docstring)
     )
     return out

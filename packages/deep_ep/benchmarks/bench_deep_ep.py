@@ -1,0 +1,354 @@
+"""deep_ep benchmark (issue 7): normal-mode dispatch / combine over NVLink, fast path vs the NCCL reference.
+
+    python packages/deep_ep/benchmarks/bench_deep_ep.py --out RESULT.json    # 2 GPUs: starts its own 2 ranks
+    torchrun --nproc-per-node 2 packages/deep_ep/benchmarks/bench_deep_ep.py --out RESULT.json   # the same
+    python packages/deep_ep/benchmarks/bench_deep_ep.py --smoke              # 2 gloo ranks on CPU, tiny shapes
+    python packages/deep_ep/benchmarks/bench_deep_ep.py --table RESULT.json  # the README's markdown table
+
+V4-Flash shapes: 4096 tokens per rank, hidden 4096, top-6 of 256 experts (uniform random routing). Records,
+one per (op, impl): median / p10 / p90 us (CUDA events, L2 flushed, the slowest rank's median), GB/s of the
+payload bytes that cross NVLink (rows sent to OTHER ranks x payload bytes per row, per rank: x in dispatch
+(+ FP8 scales), the bf16 rows returned in combine), % of the 393 GB/s peer copy, and the speed-up vs the
+NCCL reference path (`reference.py`: layout + all_to_all_single, what the Buffer ran before) and vs a bare
+`all_to_all_single` of the same payload (no layout, no packing) timed in the same run. `matches_reference`
+says whether the fast path's outputs were bit-identical to the reference's on these inputs. The JSON (rank 0)
+is written after every case, so a partial run leaves a file; each rank exits after DEADLINE_S (85 s).
+Low-latency mode (reference only, NCCL) is timed at 1 / 32 / 128 tokens per rank for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+_SRC = Path(__file__).resolve().parent.parent / "src"
+if str(_SRC) not in sys.path:  # this checkout's package before any installed copy
+    sys.path.insert(0, str(_SRC))
+
+if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chosen at @triton.jit time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("DEEPINFER_DEEP_EP_BACKEND", "triton")
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_k, _v)  # NVLink multicast must stay off on the benchmark machine
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from deepinfer.deep_ep import Buffer  # noqa: E402
+from deepinfer.deep_ep import reference as ref  # noqa: E402
+from deepinfer.deep_ep._comm import Comm  # noqa: E402
+from kernelkit import H200_CEILINGS, bench_cuda, gbps, pct_of, write_results_json  # noqa: E402
+
+DEADLINE_S = 85.0  # a rank still running then exits (a hung collective must not eat the GPU session)
+FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
+SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
+CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Run:
+    """One rank's state: group, device, inputs, and the records rank 0 writes."""
+
+    def __init__(self, smoke: bool, out: str | None, warmup: int, rep: int) -> None:
+        self.cfg, self.smoke, self.out, self.warmup, self.rep = (SMOKE if smoke else FULL), smoke, out, warmup, rep
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.group = dist.group.WORLD
+        self.device = torch.device("cpu") if smoke else torch.device("cuda", torch.cuda.current_device())
+        self.records: list[dict] = []
+        self.comm = Comm(self.group)
+        self.inputs()
+
+    def inputs(self) -> None:
+        c, g = self.cfg, torch.Generator().manual_seed(1234 + self.rank)
+        t, e, k, h = c["tokens"], c["experts"], c["topk"], c["hidden"]
+        self.idx = torch.rand(t, e, generator=g).argsort(dim=1)[:, :k].to(self.device)
+        self.w = (torch.rand(t, k, generator=g) + 0.1).to(self.device)
+        self.x = torch.randn(t, h, generator=g).bfloat16().to(self.device)
+        sf = torch.exp2(torch.randint(-3, 4, (t, h // 128), generator=g).float()).to(self.device)
+        self.x8 = ((self.x.float() / sf.repeat_interleave(128, dim=1)).to(torch.float8_e4m3fn), sf)
+        per_rank, _, _ = ref.dispatch_layout(self.idx, e, self.world)
+        self.sent = per_rank.tolist()  # rows to each rank
+        self.cross_rows = sum(n for r, n in enumerate(self.sent) if r != self.rank)
+
+    def time(self, fn) -> dict:
+        """Median etc. of fn on every rank; the slowest rank's median (the op ends when every rank is done)."""
+        stats = bench_cuda(fn, warmup=self.warmup, rep=self.rep, mode="events")  # collectives: no graph capture
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, stats["median_us"], group=self.group)
+        return {**stats, "median_us": max(everyone), "rank_median_us": everyone}
+
+    def host_us(self, fn, reps: int = 5) -> float:
+        """Median wall time of the Python call alone (the GPU may still be busy after it returns).
+
+        Close to median_us: the call is bound by its host-side launches and synchronisation, not by NVLink.
+        """
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        return sorted(times)[reps // 2]
+
+    def cross_bytes(self, row_bytes: int, combine: bool = False) -> float:
+        """Mean over ranks of the payload bytes one rank sends to other ranks."""
+        rows = self.recv_cross_rows if combine else self.cross_rows
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, rows * row_bytes, group=self.group)
+        return sum(everyone) / self.world
+
+    def record(self, op: str, impl: str, nbytes: float | None, fn, **extra) -> dict:
+        rec = {"op": op, "impl": impl, "ranks": self.world, "tokens_per_rank": self.cfg["tokens"],
+               "hidden": self.cfg["hidden"], "topk": self.cfg["topk"], "experts": self.cfg["experts"],
+               "error": None, **extra}  # fmt: skip
+        try:
+            st = self.time(fn)
+            rec.update(median_us=st["median_us"], p10_us=st["p10"], p90_us=st["p90"], timer=st["timer"])
+            rec["rank_median_us"] = st["rank_median_us"]
+            rec["host_us"] = self.host_us(fn, 2 if self.smoke else 5)
+            if nbytes is not None:
+                rec["crossing_bytes_per_rank"] = nbytes
+                rec["gbps"] = gbps(nbytes, st["median_us"])
+                rec["pct_of_ceiling"] = pct_of(rec["gbps"], CEILING)
+        except Exception as exc:  # noqa: BLE001 - one failing case must not lose the run
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            log(traceback.format_exc())
+        self.records.append(rec)
+        us = rec.get("median_us")
+        if self.rank == 0:
+            log(f"[{time.strftime('%X')}] {op:<24} {impl:<14} " + (f"{us:9.1f} us" if us else rec["error"] or ""))
+        self.save()
+        return rec
+
+    def save(self) -> None:
+        if self.rank != 0 or not self.out:
+            return
+        _speedups(self.records)
+        meta = {"package": "deep_ep", "issue": 7, "config": {k: v for k, v in self.cfg.items()},
+                "smoke": self.smoke, "ceiling": "nvlink_peer_copy_gbps", "ceiling_gbps": CEILING,
+                "baselines": ["nccl-reference", "nccl-a2a-only"]}  # fmt: skip
+        write_results_json(self.out, self.records, meta)
+
+
+def _speedups(records: list[dict]) -> None:
+    """speedup_vs[baseline] = baseline median / this median, per op, for every record with a time."""
+    for r in records:
+        if r.get("median_us") is None:
+            continue
+        r["speedup_vs"] = {
+            b["impl"]: b["median_us"] / r["median_us"]
+            for b in records
+            if b["op"] == r["op"] and b["impl"].startswith("nccl") and b.get("median_us") and b is not r
+        }
+
+
+def _matches(run: Run, buf: Buffer) -> bool:
+    """Fast dispatch (bf16, FP8) and combine bit-identical to the reference on this run's inputs, every rank."""
+    c, ok = run.cfg, True
+    for payload in (run.x, run.x8):
+        got = buf.dispatch(payload, topk_idx=run.idx, topk_weights=run.w, num_experts=c["experts"])
+        want = ref.dispatch(run.comm, payload, run.idx, run.w, c["experts"], None, 1)
+        pairs = [(got[0], want[0])] if not isinstance(payload, tuple) else list(zip(got[0], want[0]))
+        ok &= all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
+        ok &= torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]) and got[3] == want[3]
+    y = torch.randn(want[4].num_recv_tokens, c["hidden"], device=run.device).bfloat16()
+    ok &= torch.equal(buf.combine(y, got[4]), ref.combine(run.comm, y, want[4], None)[0])
+    everyone = [None] * run.world
+    dist.all_gather_object(everyone, bool(ok), group=run.group)
+    return all(everyone)
+
+
+def bench_fast(run: Run, impl: str) -> None:
+    """Dispatch (bf16, FP8, cached) and combine through the Buffer's fast path with one row mover."""
+    os.environ["DEEPINFER_DEEP_EP_IMPL"] = impl  # read when the Buffer builds its fast path
+    c, name = run.cfg, f"fast-{impl}"
+    buf = Buffer(run.group)
+    try:
+        matches = _matches(run, buf)
+    except Exception as exc:  # noqa: BLE001
+        log(f"{name}: reference comparison failed: {type(exc).__name__}: {exc}")
+        matches = None
+    used = type(buf._fast).__name__ if buf._fast else "reference (fast path unavailable)"
+    kw = {"matches_reference": matches, "path": used}
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"]}
+    h2 = c["hidden"] * 2
+    run.record("dispatch bf16", name, run.cross_bytes(h2), lambda: buf.dispatch(run.x, **args), **kw)
+    run.record("dispatch fp8", name, run.cross_bytes(c["hidden"] + c["hidden"] // 32),
+               lambda: buf.dispatch(run.x8, **args), **kw)  # fmt: skip
+    recv_x, _, _, _, handle = buf.dispatch(run.x, **args)
+    run.recv_cross_rows = handle.num_recv_tokens - handle.recv_counts[run.rank]
+    run.record("cached dispatch bf16", name, run.cross_bytes(h2), lambda: buf.dispatch(run.x, handle), **kw)
+    run.record("combine bf16", name, run.cross_bytes(h2, combine=True), lambda: buf.combine(recv_x, handle), **kw)
+    if buf._fast:
+        bench_push(run, buf, handle, name, **kw)
+    buf.destroy()
+
+
+def bench_push(run: Run, buf: Buffer, handle, name: str, **kw) -> None:
+    """The bare transfer of dispatch: x rows gathered straight into the peers' buffers, then a barrier.
+
+    What NVLink gives the row mover, without layout, count exchange, host sync or copy-out.
+    """
+    from deepinfer.deep_ep._plan import Plan
+    from deepinfer.deep_ep.intranode import COUNTS_BYTES, _gather, _region, _words
+
+    fast, plan, rank = buf._fast, Plan.of(handle.count_matrix), run.rank
+    words, rb = _words(run.x), run.x.shape[1] * 2
+    fast.transport.ensure(COUNTS_BYTES + plan.dispatch_cap() * rb)
+    moves = []
+    for d in range(run.world):
+        n, so = plan.matrix[rank][d], plan.send_off(rank, d)
+        if d != rank and n:
+            dst = _region(fast.transport.buffer(d), COUNTS_BYTES + plan.recv_off(rank, d) * rb, n, rb)
+            moves.append((handle.send_token_idx[so : so + n], dst))
+
+    def push() -> None:
+        for idx, dst in moves:
+            _gather(words, idx, dst, fast.impl)
+        fast.transport.barrier()
+
+    run.record("nvlink push bf16", name, run.cross_bytes(run.x.shape[1] * 2), push, **kw)
+
+
+def bench_reference(run: Run) -> None:
+    """The NCCL path the Buffer ran before (layout included), and a bare all_to_all_single of the payload."""
+    c, comm, e = run.cfg, run.comm, run.cfg["experts"]
+    h2 = c["hidden"] * 2
+    run.record("dispatch bf16", "nccl-reference", run.cross_bytes(h2),
+               lambda: ref.dispatch(comm, run.x, run.idx, run.w, e, None, 1))  # fmt: skip
+    run.record("dispatch fp8", "nccl-reference", run.cross_bytes(c["hidden"] + c["hidden"] // 32),
+               lambda: ref.dispatch(comm, run.x8, run.idx, run.w, e, None, 1))  # fmt: skip
+    recv_x, _, _, _, handle = ref.dispatch(comm, run.x, run.idx, run.w, e, None, 1)
+    run.recv_cross_rows = handle.num_recv_tokens - handle.recv_counts[run.rank]
+    run.record("cached dispatch bf16", "nccl-reference", run.cross_bytes(h2),
+               lambda: ref.cached_dispatch(comm, run.x, handle))  # fmt: skip
+    run.record("combine bf16", "nccl-reference", run.cross_bytes(h2, combine=True),
+               lambda: ref.combine(comm, recv_x, handle, None))  # fmt: skip
+    send = run.x[handle.send_token_idx]
+    out = torch.empty((handle.num_recv_tokens, c["hidden"]), dtype=run.x.dtype, device=run.device)
+    a2a = lambda: dist.all_to_all_single(out, send, handle.recv_counts, handle.send_counts)  # noqa: E731
+    run.record("dispatch bf16", "nccl-a2a-only", run.cross_bytes(h2), a2a)
+    back = lambda: dist.all_to_all_single(send, out, handle.send_counts, handle.recv_counts)  # noqa: E731
+    run.record("combine bf16", "nccl-a2a-only", run.cross_bytes(h2, combine=True), back)
+
+
+def bench_low_latency(run: Run) -> None:
+    """Low-latency dispatch + combine (reference over NCCL: no fast path yet) at decode batch sizes."""
+    c = run.cfg
+    buf = Buffer(run.group)
+    for t in c["ll_tokens"]:
+        x, idx, w = run.x[:t], run.idx[:t], run.w[:t]
+        recv, _, handle, _ = buf.low_latency_dispatch(x, idx, t, c["experts"], use_fp8=True)
+        e_local = c["experts"] // run.world
+        y = torch.randn(e_local, t * run.world, c["hidden"], device=run.device).bfloat16()
+
+        def both(x=x, idx=idx, w=w, t=t, y=y) -> None:
+            _, _, h, _ = buf.low_latency_dispatch(x, idx, t, c["experts"], use_fp8=True)
+            buf.low_latency_combine(y, idx, w, h)
+
+        run.record(f"ll dispatch+combine t={t}", "nccl-reference", None, both)
+
+
+def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
+    """Everything one rank runs (its process group is initialised)."""
+    timer = threading.Timer(DEADLINE_S, lambda: (log(f"deadline {DEADLINE_S} s: exiting"), os._exit(3)))
+    timer.daemon = True
+    timer.start()
+    run = Run(smoke, out, warmup, rep)
+    log(f"rank {run.rank}/{run.world} on {run.device}: {run.cfg}")
+    for impl in ("triton", "torch"):
+        bench_fast(run, impl)
+    bench_reference(run)
+    bench_low_latency(run)
+    run.save()
+    if run.rank == 0 and out:
+        log(f"wrote {out}")
+    timer.cancel()
+
+
+def _child(rank: int, world: int, port: int, smoke: bool, out: str | None, warmup: int, rep: int) -> None:
+    if not smoke:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=90))  # fmt: skip
+    try:
+        rank_main(smoke, out, warmup, rep)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
+    """Start 2 ranks (this script again, as processes) unless torchrun already did."""
+    if "RANK" in os.environ:  # torchrun
+        if not smoke:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("gloo" if smoke else "nccl", timeout=datetime.timedelta(seconds=90))
+        try:
+            rank_main(smoke, out, warmup, rep)
+        finally:
+            dist.destroy_process_group()
+        return
+    if not smoke and torch.cuda.device_count() < 2:
+        msg = f"needs 2 CUDA GPUs, found {torch.cuda.device_count()}"
+        log(msg)
+        if out:
+            write_results_json(out, [{"op": "all", "impl": "all", "error": msg}], {"package": "deep_ep"})
+        return
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_child, args=(2, port, smoke, out, warmup, rep), nprocs=2, start_method="spawn")
+
+
+def table(path: str) -> str:
+    """Markdown table of a saved run (the README's)."""
+    doc = json.loads(Path(path).read_text())
+    lines = ["| op | ranks | tokens x hidden | impl | time (us) | GB/s over NVLink | % of 393 GB/s | x NCCL reference "
+             "| x bare all_to_all | bit-exact |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["records"]:
+        if r.get("median_us") is None:
+            lines.append(f"| {r['op']} | {r.get('ranks', '')} | | {r['impl']} | error: {r.get('error')} | | | | | |")
+            continue
+        sp = r.get("speedup_vs") or {}
+        fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+        lines.append(
+            f"| {r['op']} | {r['ranks']} | {r['tokens_per_rank']} x {r['hidden']} | {r['impl']} "
+            f"| {r['median_us']:.1f} | {fmt(r.get('gbps'), '.0f')} | {fmt(r.get('pct_of_ceiling'), '.0f')} "
+            f"| {fmt(sp.get('nccl-reference'), '.2f')} | {fmt(sp.get('nccl-a2a-only'), '.2f')} "
+            f"| {'' if r.get('matches_reference') is None else r['matches_reference']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the JSON results here (rank 0)")
+    p.add_argument("--smoke", action="store_true", help="2 gloo ranks on CPU, tiny shapes (Triton interpreter)")
+    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rep", type=int, default=20)
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return
+    t0 = time.time()
+    launch(args.smoke, args.out, 1 if args.smoke else args.warmup, 2 if args.smoke else args.rep)
+    log(f"done in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Benchmark cases of tile_kernels on V4-Flash shapes: inputs, the public API call and its reference twin.
+
+A case builds its inputs once; `api` is the public function (Triton on CUDA where wired, else the reference)
+and `ref` the PyTorch reference that `x eager` and `x torch.compile` are measured from. Bytes are those truly
+read and written by one call: every input element read once, every output element written once (strided views
+count their viewed elements only); the path the API took is found at run time (bench_tile_kernels.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import deepinfer.tile_kernels as tk
+from deepinfer.tile_kernels import reference as ref
+
+HIDDEN, HC, HEADS, HEAD_DIM, ROPE, EXPERTS, TOPK, INTER = 4096, 4, 64, 512, 64, 256, 6, 2048
+INDEX_HEADS, INDEX_DIM, VOCAB = 64, 128, 129280
+
+
+@dataclass
+class Case:
+    op: str
+    shape: str
+    make: Callable[[], tuple]  # -> positional args for api / ref
+    api: Callable
+    ref: Callable
+    nbytes: Callable[[tuple, object], int] | None = None  # (args, output) -> bytes, when not all input is read
+
+
+def _g(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(dev: str, *shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0, seed: int = 0):
+    return (torch.randn(*shape, generator=_g(seed)) * scale).to(dtype).to(dev)
+
+
+def _mhc_args(dev: str, t: int, rows: int, nscale: int) -> tuple:
+    x = _randn(dev, t, HC, HIDDEN, seed=1)
+    fn = _randn(dev, rows, HC * HIDDEN, dtype=torch.float32, scale=(HC * HIDDEN) ** -0.5, seed=2)
+    return (
+        x,
+        fn,
+        _randn(dev, nscale, dtype=torch.float32, scale=0.5, seed=3),
+        _randn(dev, rows, dtype=torch.float32, scale=0.5, seed=4),
+    )
+
+
+def _mhc_post_args(dev: str, t: int) -> tuple:
+    comb = torch.softmax(_randn(dev, t, HC, HC, dtype=torch.float32, seed=5), -1)
+    post = 2 * torch.sigmoid(_randn(dev, t, HC, dtype=torch.float32, seed=6))
+    return _randn(dev, t, HIDDEN, seed=7), _randn(dev, t, HC, HIDDEN, seed=8), post, comb
+
+
+def _rope_args(dev: str, x: torch.Tensor) -> tuple:
+    t = x.shape[0]
+    pos = torch.randint(0, 1 << 16, (t,), generator=_g(9))
+    cos, sin = tk.rope_cos_sin(pos, tk.rope_inv_freq(ROPE, 160000.0, 16.0, 65536))
+    return x, cos.to(dev), sin.to(dev), ROPE
+
+
+def _kv_args(dev: str, t: int) -> tuple:
+    kv, cos, sin, rope = _rope_args(dev, _randn(dev, t, HEAD_DIM, scale=3.0, seed=29))
+    return kv, _randn(dev, HEAD_DIM, seed=30) + 1.0, cos, sin, rope, 1e-6, 64
+
+
+def _pool_args(dev: str, windows: int, slots: int) -> tuple:
+    kv = _randn(dev, windows, slots, HEAD_DIM, dtype=torch.float32, seed=10)
+    return kv, _randn(dev, windows, slots, HEAD_DIM, dtype=torch.float32, seed=11)
+
+
+def _swiglu_args(dev: str, rows: int) -> tuple:
+    h = _randn(dev, rows, 2 * INTER, scale=3.0, seed=12)  # the grouped-GEMM output [rows, 2 * inter]
+    return h[:, :INTER], h[:, INTER:], 10.0
+
+
+def _route_args(dev: str, t: int) -> tuple:
+    logits = _randn(dev, t, EXPERTS, dtype=torch.float32, seed=13)
+    return logits, _randn(dev, EXPERTS, dtype=torch.float32, scale=0.1, seed=14), TOPK, "sqrtsoftplus", 1.5
+
+
+def _hash_args(dev: str, t: int) -> tuple:
+    tid2eid = torch.randint(0, EXPERTS, (VOCAB, TOPK), generator=_g(15)).to(dev)
+    ids = torch.randint(0, VOCAB, (t,), generator=_g(16)).to(dev)
+    return _randn(dev, t, EXPERTS, dtype=torch.float32, seed=17), ids, tid2eid, "sqrtsoftplus", 1.5
+
+
+def _hash_bytes(args: tuple, out: object) -> int:
+    """logits and token ids read whole, only the looked-up rows of the [vocab, topk] table, outputs written."""
+    logits, ids, tid2eid = args[:3]
+    return tensor_bytes((logits, ids, out)) + ids.numel() * tid2eid.shape[1] * tid2eid.element_size()
+
+
+def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
+    """The benchmark list: t tokens (16384 on the GPU), mhc_pre also at each of t_mhc (4096)."""
+    c = [
+        Case(
+            "rms_norm",
+            f"[{t}, {HIDDEN}] bf16, weight",
+            lambda: (_randn(dev, t, HIDDEN, seed=20), _randn(dev, HIDDEN, seed=21) + 1.0),
+            tk.rms_norm,
+            ref.rms_norm,
+        ),
+        Case(
+            "rms_norm",
+            f"[{t}, {HEADS}, {HEAD_DIM}] bf16, no weight (q heads)",
+            lambda: (_randn(dev, t, HEADS, HEAD_DIM, seed=22), None),
+            tk.rms_norm,
+            ref.rms_norm,
+        ),
+        Case(
+            "apply_rope_interleaved",
+            f"q [{t}, {HEADS}, {HEAD_DIM}] bf16, rope {ROPE}",
+            lambda: _rope_args(dev, _randn(dev, t, HEADS, HEAD_DIM, seed=23)),
+            tk.apply_rope_interleaved,
+            ref.apply_rope_interleaved,
+        ),
+        Case(
+            "apply_rope_interleaved",
+            f"kv [{t}, {HEAD_DIM}] bf16, rope {ROPE}",
+            lambda: _rope_args(dev, _randn(dev, t, HEAD_DIM, seed=24)),
+            tk.apply_rope_interleaved,
+            ref.apply_rope_interleaved,
+        ),
+        Case(
+            "swiglu_clamp",
+            f"h [{t * TOPK}, {2 * INTER}] bf16 halves, limit 10",
+            lambda: _swiglu_args(dev, t * TOPK),
+            tk.swiglu_clamp,
+            ref.swiglu_clamp,
+        ),
+        Case(
+            "per_token_group_quant_fp8",
+            f"[{t}, {HIDDEN}] bf16, group 128, ue8m0",
+            lambda: (_randn(dev, t, HIDDEN, seed=25), 128, "ue8m0"),
+            tk.per_token_group_quant_fp8,
+            ref.per_token_group_quant_fp8,
+        ),
+        Case(
+            "fp8_quant_dequant_ue8m0",
+            f"kv [{t}, {HEAD_DIM}][:, :448] bf16, block 64",
+            lambda: (_randn(dev, t, HEAD_DIM, seed=26)[:, :448], 64),
+            tk.fp8_quant_dequant_ue8m0,
+            ref.fp8_quant_dequant_ue8m0,
+        ),
+        Case(
+            "swiglu_clamp_fp8",
+            f"h [{t * TOPK}, {2 * INTER}] bf16 halves, group 128, ue8m0",
+            lambda: (*_swiglu_args(dev, t * TOPK), 128, "ue8m0"),
+            tk.swiglu_clamp_fp8,
+            ref.swiglu_clamp_fp8,
+        ),
+        Case(
+            "kv_norm_rope_quant",
+            f"kv [{t}, {HEAD_DIM}] bf16, rope {ROPE}, FP8 blocks of 64",
+            lambda: _kv_args(dev, t),
+            tk.kv_norm_rope_quant,
+            ref.kv_norm_rope_quant,
+        ),
+        Case(
+            "softmax_pool",
+            f"CSA [{t // 4}, 8, {HEAD_DIM}] fp32",
+            lambda: _pool_args(dev, t // 4, 8),
+            tk.softmax_pool,
+            ref.softmax_pool,
+        ),
+        Case(
+            "softmax_pool",
+            f"HCA [{max(1, t // 128)}, 128, {HEAD_DIM}] fp32",
+            lambda: _pool_args(dev, max(1, t // 128), 128),
+            tk.softmax_pool,
+            ref.softmax_pool,
+        ),
+        Case(
+            "moe_route",
+            f"[{t}, {EXPERTS}] fp32, top-{TOPK}, sqrtsoftplus",
+            lambda: _route_args(dev, t),
+            tk.moe_route,
+            ref.moe_route,
+        ),
+    ]
+    for tm in t_mhc:
+        c.append(
+            Case(
+                "mhc_pre",
+                f"[{tm}, {HC}, {HIDDEN}] bf16",
+                lambda tm=tm: _mhc_args(dev, tm, (2 + HC) * HC, 3),
+                tk.mhc_pre,
+                ref.mhc_pre,
+            )
+        )
+    c += [
+        Case(
+            "mhc_post",
+            f"[{t}, {HC}, {HIDDEN}] bf16",
+            lambda: _mhc_post_args(dev, t),
+            tk.mhc_post,
+            ref.mhc_post,
+        ),
+        Case(
+            "mhc_head",
+            f"[{t}, {HC}, {HIDDEN}] bf16",
+            lambda: _mhc_args(dev, t, HC, 1),
+            tk.mhc_head,
+            ref.mhc_head,
+        ),
+        Case(
+            "hash_route",
+            f"[{t}, {EXPERTS}] fp32, top-{TOPK}",
+            lambda: _hash_args(dev, t),
+            tk.hash_route,
+            ref.hash_route,
+            _hash_bytes,
+        ),
+        Case(
+            "fp4_quant_dequant_ue8m0",
+            f"indexer q [{t}, {INDEX_HEADS}, {INDEX_DIM}] bf16, block 32",
+            lambda: (_randn(dev, t, INDEX_HEADS, INDEX_DIM, seed=27), 32),
+            tk.fp4_quant_dequant_ue8m0,
+            ref.fp4_quant_dequant_ue8m0,
+        ),
+        Case(
+            "hadamard_transform",
+            f"[{t}, {INDEX_HEADS}, {INDEX_DIM}] bf16",
+            lambda: (_randn(dev, t, INDEX_HEADS, INDEX_DIM, seed=28),),
+            tk.hadamard_transform,
+            ref.hadamard_transform,
+        ),
+    ]
+    return c
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor in obj (a tensor, or nested tuples / lists of them); other values count 0."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(o) for o in obj)
+    return 0

@@ -1,0 +1,229 @@
+"""Benchmark tile_kernels on V4-Flash shapes against torch eager and torch.compile of the reference (one run).
+
+    python packages/tile_kernels/benchmarks/bench_tile_kernels.py --out RESULT.json   # H200: 16,384 tokens
+    TRITON_INTERPRET=1 python packages/tile_kernels/benchmarks/bench_tile_kernels.py --smoke   # CPU, tiny shapes
+    python packages/tile_kernels/benchmarks/bench_tile_kernels.py --table RESULT.json  # README markdown table
+
+Per case (op, shape) three implementations are timed with kernelkit.bench_cuda (CUDA events, L2 flushed):
+"api" (the public function: Triton where wired), "eager" (the PyTorch reference) and "compile"
+(torch.compile of the reference, compiled once per case; with --smoke Dynamo's "eager" backend). No new
+compile starts after --compile-budget seconds (70) so the run stays under 120 s; cases with a Triton path come
+first. One record per (op, shape, impl): median_us, GB/s of the bytes truly read + written, % of the 4.07 TB/s
+copy ceiling; "api" records add api_path (detected), x_eager, x_compile (same run), max_abs_diff_vs_eager.
+A failing case records its error string; the JSON is written in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+_HERE = pathlib.Path(__file__).resolve().parent
+for _p in (_HERE.parent / "src", _HERE.parents[1] / "kernelkit" / "src", _HERE):  # the source tree first
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import torch  # noqa: E402
+from _cases import Case, cases, tensor_bytes  # noqa: E402
+
+import kernelkit  # noqa: E402
+
+COPY_GBPS = kernelkit.H200_CEILINGS["hbm_copy_gbps"]
+COMPILE_BUDGET_S = 70.0  # default: no new torch.compile after this many seconds (each costs a few seconds)
+DEFAULT_OUT = _HERE / "results" / "h200.json"
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _first_tensor(out: object) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = _first_tensor(o)
+            if t is not None:
+                return t
+    return None
+
+
+def _max_abs_diff(a: object, b: object) -> float | None:
+    """Largest |a - b| over the first output tensor (NaN positions ignored); None when not comparable."""
+    x, y = _first_tensor(a), _first_tensor(b)
+    if x is None or y is None or x.shape != y.shape:
+        return None
+    d = (x.float() - y.float()).abs()
+    d = d[~torch.isnan(d)]
+    m = float(d.max()) if d.numel() else 0.0
+    return m if math.isfinite(m) else None  # JSON holds no inf
+
+
+def _call_and_path(fn, args: tuple) -> tuple[object, str]:
+    """fn(*args) and which path it took: "triton" when a Triton kernel launched during the call, else
+    "reference" (the API dispatches per call; this sees what it really ran, whoever wired which op)."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return fn(*args), "reference"
+    launches, real = [0], JITFunction.run
+
+    def counting_run(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        launches[0] += 1
+        return real(self, *a, **k)
+
+    JITFunction.run = counting_run
+    try:
+        out = fn(*args)
+    finally:
+        JITFunction.run = real
+    return out, "triton" if launches[0] else "reference"
+
+
+def _time(fn, args: tuple, warmup: int, rep: int) -> dict:
+    return kernelkit.bench_cuda(lambda: fn(*args), warmup=warmup, rep=rep)
+
+
+def _record(case: Case, impl: str, timing: dict, nbytes: int, path: str) -> dict:
+    us = timing["median_us"]
+    gbps = kernelkit.gbps(nbytes, us)
+    return {
+        "op": case.op,
+        "shape": case.shape,
+        "impl": impl,
+        "api_path": path,
+        "bytes": nbytes,
+        "median_us": us,
+        "p10_us": timing["p10"],
+        "p90_us": timing["p90"],
+        "gbps": gbps,
+        "pct_copy_ceiling": kernelkit.pct_of(gbps, COPY_GBPS),
+        "timer": timing["timer"],
+    }
+
+
+def run_case(case: Case, compile_ok: bool, warmup: int, rep: int, backend: str = "inductor") -> list[dict]:
+    """Time api / eager / compile of one case; returns its records (errors recorded, never raised)."""
+    recs: list[dict] = []
+    try:
+        args = case.make()
+        want = case.ref(*args)
+        got, path = _call_and_path(case.api, args)
+        nbytes = case.nbytes(args, want) if case.nbytes else tensor_bytes(args) + tensor_bytes(want)
+    except Exception as exc:  # noqa: BLE001 (record, go on)
+        return [{"op": case.op, "shape": case.shape, "impl": "api", "error": f"setup: {exc!r}"[:500]}]
+    times: dict[str, float] = {}
+    impls = [("eager", case.ref), ("api", case.api)]
+    if compile_ok:
+        impls.append(("compile", torch.compile(case.ref, dynamic=False, backend=backend)))
+    for impl, fn in impls:
+        try:
+            rec = _record(case, impl, _time(fn, args, warmup, rep), nbytes, path)
+            times[impl] = rec["median_us"]
+        except Exception as exc:  # noqa: BLE001
+            rec = {"op": case.op, "shape": case.shape, "impl": impl, "error": repr(exc)[:500]}
+        recs.append(rec)
+    if not compile_ok:
+        recs.append({"op": case.op, "shape": case.shape, "impl": "compile", "error": "skipped: compile budget"})
+    api = next(r for r in recs if r["impl"] == "api")
+    if "error" not in api:
+        for base in ("eager", "compile"):
+            api[f"x_{base}"] = times[base] / times["api"] if base in times else None
+        api["max_abs_diff_vs_eager"] = _max_abs_diff(got, want)
+    del args, want, got
+    return recs
+
+
+def _summary(rec: dict) -> str:
+    if "error" in rec:
+        return f"{rec['impl']:8s} ERROR {rec['error'][:120]}"
+    extra = "".join(f" {k}={rec[k]:.2f}" for k in ("x_eager", "x_compile") if rec.get(k) is not None)
+    speed = f"{rec['median_us']:10.1f} us {rec['gbps']:8.1f} GB/s {rec['pct_copy_ceiling']:5.1f} %"
+    return f"{rec['impl']:8s} {speed}{extra}"
+
+
+def run(
+    smoke: bool, out: pathlib.Path | None, warmup: int, rep: int, compile_budget: float = COMPILE_BUDGET_S
+) -> list[dict]:
+    dev = "cpu" if smoke else "cuda"
+    if not smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: use --smoke on CPU")
+    t0 = time.monotonic()
+    records: list[dict] = []
+    all_cases = cases(dev, 8, (4,)) if smoke else cases(dev, 16384, (16384, 4096))
+    for case in all_cases:
+        compile_ok = time.monotonic() - t0 < compile_budget
+        _log(f"[{time.monotonic() - t0:6.1f} s] {case.op} {case.shape}")
+        # smoke: Dynamo traces every reference, but Inductor's C++ codegen (40 s a case on 2 cores) is skipped
+        for rec in run_case(case, compile_ok, warmup, rep, "eager" if smoke else "inductor"):
+            records.append(rec)
+            _log(f"    {_summary(rec)}" + (f"  [api path: {rec.get('api_path')}]" if rec.get("impl") == "api" else ""))
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+        if out is not None:  # after every case, so a killed run still leaves its numbers
+            _write(out, records, smoke, time.monotonic() - t0)
+    _log(f"done in {time.monotonic() - t0:.1f} s")
+    return records
+
+
+def _write(out: pathlib.Path, records: list[dict], smoke: bool, elapsed: float) -> None:
+    meta = {
+        "package": "deepinfer-tile-kernels",
+        "smoke": smoke,
+        "elapsed_s": round(elapsed, 1),
+        "copy_ceiling_gbps": COPY_GBPS,
+    }
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in records]
+    try:
+        kernelkit.write_results_json(out, clean, meta)
+    except Exception as exc:  # noqa: BLE001 (keep measuring; the log still has the numbers)
+        _log(f"could not write {out}: {exc!r}")
+
+
+def table(path: pathlib.Path) -> str:
+    """The README markdown table of the "api" records of a saved JSON (baselines as columns)."""
+    doc = json.loads(path.read_text())
+    lines = [
+        f"GPU: {doc.get('gpu')}, {doc.get('date')}; x = speed-up of the API over the baseline, same run.",
+        "",
+        "| op | shape | API path | time (us) | GB/s | % of 4.07 TB/s | x eager | x torch.compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["records"]:
+        if r.get("impl") != "api":
+            continue
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['shape']} | - | error: {r['error'][:80]} | | | | |")
+            continue
+        xs = [f"{r[k]:.2f}" if r.get(k) is not None else "-" for k in ("x_eager", "x_compile")]
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['api_path']} | {r['median_us']:.1f} | {r['gbps']:.0f} | "
+            f"{r['pct_copy_ceiling']:.1f} | {xs[0]} | {xs[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=pathlib.Path, default=None, help=f"JSON to write (default {DEFAULT_OUT})")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (proves the script)")
+    ap.add_argument("--table", type=pathlib.Path, default=None, help="print the markdown table of a saved JSON")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument(
+        "--compile-budget", type=float, default=COMPILE_BUDGET_S, help="seconds after which no new torch.compile starts"
+    )
+    a = ap.parse_args()
+    if a.table is not None:
+        print(table(a.table))
+        return
+    out = a.out if a.out is not None else (None if a.smoke else DEFAULT_OUT)
+    run(a.smoke, out, a.warmup, 2 if a.smoke and a.rep == 20 else a.rep, a.compile_budget)
+
+
+if __name__ == "__main__":
+    main()

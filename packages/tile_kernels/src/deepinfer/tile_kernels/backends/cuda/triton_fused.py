@@ -1,0 +1,236 @@
+"""Fused Triton kernels of the V4 forward (`ref/fused.py`): each reads its input once and writes its output once.
+
+* `swiglu_clamp_fp8_triton`: SwiGLU with clamp, rounded to gate.dtype (as the unfused path stores it), then the
+  per-group FP8 quantisation of `triton_quant` (q e4m3 + fp32 scales). The [rows, n] SwiGLU output never
+  reaches memory.
+* `kv_norm_rope_quant_triton`: V4's KV entry per token row [d]: RMSNorm (weight, fp32, the order of
+  `triton_norm`), rounded to kv.dtype; RoPE of the last rope_dim dims as interleaved pairs (fp fusion off, the
+  reference's roundings, see `triton_rope`), rounded to kv.dtype; the FP8 quant-dequant of the other dims in
+  blocks (bit-exact `triton_quant` math); the row written into a cache at rows[i] (the paged write), or a new
+  tensor. One program per token; the row lives in registers.
+Both round to the activation dtype between steps exactly where the unfused reference does, so the only
+differences from the reference are those of the single kernels (fp32 reduction order, exp accuracy), which can
+move a value by one bf16 ulp before the quantiser. No host sync (CUDA-graph safe); blocks from shapes only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import check_runnable
+from .triton_act import swiglu_math
+from .triton_quant import FP8_MAX, MAX_GROUP, quant_tile_store
+
+__all__ = ["kv_norm_rope_quant_triton", "swiglu_clamp_fp8_triton"]
+
+TILE_ELEMS = 4096
+MAX_D = 16384
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
+
+
+@triton.jit
+def _rne_bf16(x):
+    """fp32 x rounded to the nearest bf16 (ties to even), as fp32: the GPU's cvt.rn in integer steps, because
+    Triton's interpreter truncates fp32 -> bf16 casts (the CPU tests then check the GPU's arithmetic). NaN kept."""
+    b = x.to(tl.int32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def _round_act(x, dt: tl.constexpr, IS_BF16: tl.constexpr):
+    """fp32 x rounded to the activation dtype dt (round to nearest even), returned as fp32."""
+    if IS_BF16:
+        y = _rne_bf16(x)
+    else:
+        y = x.to(dt).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _swiglu_fp8_kernel(
+    g_ptr, u_ptr, q_ptr, s_ptr, y_ptr,
+    n_groups, groups_per_row, sgr, sgc, sur, suc, limit, inv_max,
+    HAS_LIMIT: tl.constexpr, STORE_Y: tl.constexpr, MODE: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr, IS_BF16: tl.constexpr,
+):  # fmt: skip
+    """gate, up [rows, n] strided -> q e4m3 [rows, n] + scales fp32 [rows, n / GROUP] (STORE_Y: the rounded SwiGLU
+    output y [rows, n] in gate's dtype instead, for tests)."""
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    gmask = g < n_groups
+    row = g // groups_per_row
+    col = (g % groups_per_row)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = gmask[:, None]
+    gt = tl.load(g_ptr + row[:, None] * sgr + col * sgc, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(u_ptr + row[:, None] * sur + col * suc, mask=mask, other=0.0).to(tl.float32)
+    y = _round_act(swiglu_math(gt, up, limit, HAS_LIMIT), y_ptr.dtype.element_ty, IS_BF16)  # as stored unfused
+    if STORE_Y:
+        tl.store(y_ptr + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G)
+
+
+@triton.jit
+def _kv_fused_kernel(
+    kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
+    d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
+    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_BF16: tl.constexpr,
+):  # fmt: skip
+    """kv [t, d] strided, weight [d], cos/sin [t, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns)."""
+    tok = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < d
+    x = tl.load(kv_ptr + tok * skr + cols * skc, mask=cmask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
+    ms = tl.sum(x * x, axis=0) / d  # triton_norm's order
+    r = 1.0 / tl.sqrt(ms + eps)
+    dt = kv_ptr.dtype.element_ty
+    y = _round_act(w * (x * r), dt, IS_BF16)
+    a, b = tl.split(tl.reshape(y, [BLOCK_D // 2, 2]))  # pairs (2k, 2k + 1)
+    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
+    kr = (k >= 0) & (k < (d - NOPE) // 2)
+    kk = tl.maximum(k, 0)
+    c = tl.load(cos_ptr + tok * sct + kk * sck, mask=kr, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + tok * sst + kk * ssk, mask=kr, other=0.0).to(tl.float32)
+    ra = _round_act(tl.where(kr, a * c - b * s, a), dt, IS_BF16)
+    rb = _round_act(tl.where(kr, a * s + b * c, b), dt, IS_BF16)
+    y = tl.reshape(tl.join(ra, rb), [BLOCK_D])
+    gi = tl.arange(0, BLOCK_D // QB)
+    if HAS_ROWS:
+        orow = tl.load(rows_ptr + tok).to(tl.int64)
+        dst = out_ptr + tl.maximum(orow, 0) * sor
+    else:
+        orow = tok
+        dst = out_ptr + tok * sor
+    # negative row: skip this token (vector masks: the interpreter rejects a scalar & vector mask)
+    ok = (cols * 0 + orow) >= 0
+    okg = (gi * 0 + orow) >= 0
+    if QUANT:
+        tl.store(dst + cols, y.to(out_ptr.dtype.element_ty), mask=cmask & (cols >= NOPE) & ok)
+        yq = tl.reshape(y, [BLOCK_D // QB, QB])
+        quant_tile_store(yq, gi, (gi < NOPE // QB) & okg, dst, dst, inv_max, _DEQUANT, QB, BLOCK_D // QB)
+    else:
+        tl.store(dst + cols, y.to(out_ptr.dtype.element_ty), mask=cmask & ok)
+
+
+def _float(name: str, t: object, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be a fp32/bf16/fp16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+def swiglu_clamp_fp8_triton(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    limit: float | None = 10.0,
+    group_size: int = 128,
+    scale_fmt: str = "ue8m0",
+    store_y: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt) in one pass.
+
+    gate, up: [..., n] same shape, fp32/bf16/fp16, any strides; n % group_size == 0, group_size a power of two
+    in [2, 4096]; scale_fmt "ue8m0" (2^e scales) or "fp32" (amax / 448). Returns (q float8_e4m3fn [..., n],
+    scales fp32 [..., n / group_size]). `store_y` (tests): returns (the SwiGLU output in gate.dtype, None).
+    """
+    _float("gate", gate)
+    _float("up", up)
+    if gate.shape != up.shape or gate.dim() < 1:
+        raise ValueError(f"gate and up must have one shape [..., n], got {tuple(gate.shape)} and {tuple(up.shape)}")
+    if isinstance(limit, bool) or (limit is not None and not isinstance(limit, (int, float))):
+        raise TypeError(f"limit must be a float or None, got {type(limit).__name__}")
+    n = gate.shape[-1]
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not 2 <= group_size <= MAX_GROUP:
+        raise ValueError(f"group_size must be a power of two in [2, {MAX_GROUP}], got {group_size!r}")
+    if group_size & (group_size - 1) or n % group_size:
+        raise ValueError(f"group_size must be a power of two dividing n = {n}, got {group_size}")
+    if scale_fmt not in ("ue8m0", "fp32"):
+        raise ValueError(f"scale_fmt must be 'ue8m0' or 'fp32', got {scale_fmt!r}")
+    check_runnable(gate, up)
+    shape, dev = tuple(gate.shape), gate.device
+    y = torch.empty(shape if store_y else (1,), dtype=gate.dtype, device=dev)
+    q = torch.empty(shape if not store_y else (1,), dtype=torch.float8_e4m3fn, device=dev)
+    s = torch.empty((*shape[:-1], n // group_size) if not store_y else (1,), dtype=torch.float32, device=dev)
+    n_groups = gate.numel() // group_size
+    if n_groups:
+        g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
+        bg = max(1, min(TILE_ELEMS // group_size, triton.next_power_of_2(n_groups)))
+        _swiglu_fp8_kernel[(triton.cdiv(n_groups, bg),)](
+            g2, u2, q.view(torch.uint8), s, y,
+            n_groups, n // group_size, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
+            float(limit) if limit is not None else 0.0, 1.0 / FP8_MAX,
+            HAS_LIMIT=limit is not None, STORE_Y=store_y, MODE=1 if scale_fmt == "ue8m0" else 2, GROUP=group_size,
+            BLOCK_G=bg, IS_BF16=gate.dtype == torch.bfloat16, num_warps=max(1, min(8, bg * group_size // 512)),
+            enable_fp_fusion=False,
+        )  # fmt: skip
+    return (y, None) if store_y else (q, s)
+
+
+def _check_kv(kv: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> None:
+    _float("kv", kv, 2)
+    t, d = kv.shape
+    if tuple(_float("weight", weight, 1).shape) != (d,):
+        raise ValueError(f"weight must have shape {(d,)}, got {tuple(weight.shape)}")
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim % 2 or not 0 < rope_dim <= d:
+        raise ValueError(f"rope_dim must be an even int in (0, {d}], got {rope_dim!r}")
+    if d % 2 or d > MAX_D:
+        raise ValueError(f"kv's last dim must be even and <= {MAX_D}, got {d}")
+    for name, cs in (("cos", cos), ("sin", sin)):
+        if tuple(_float(name, cs, 2).shape) != (t, rope_dim // 2):
+            raise ValueError(f"{name} must have shape {(t, rope_dim // 2)}, got {tuple(cs.shape)}")
+
+
+def kv_norm_rope_quant_triton(
+    kv: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_dim: int = 64,
+    eps: float = 1e-6,
+    quant_block: int | None = 64,
+    out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
+
+    kv: [t, d] fp32/bf16/fp16 (any strides), d even <= MAX_D; weight [d]; cos/sin [t, rope_dim/2]; quant_block
+    None (no FP8 simulation) or a power of two dividing d - rope_dim. out: None (returns a new [t, d] kv.dtype)
+    or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
+    None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
+    """
+    _check_kv(kv, weight, cos, sin, rope_dim)
+    t, d = kv.shape
+    nope = d - rope_dim
+    quant = quant_block is not None and nope > 0
+    if quant and (
+        isinstance(quant_block, bool) or not isinstance(quant_block, int) or quant_block < 2
+        or quant_block & (quant_block - 1) or nope % quant_block
+    ):  # fmt: skip
+        raise ValueError(f"quant_block must be None or a power of two dividing {nope}, got {quant_block!r}")
+    if out is None:
+        out = torch.empty((t, d), dtype=kv.dtype, device=kv.device)
+    elif _float("out", out, 2).shape[1] != d or out.stride(1) != 1 or (rows is None and out.shape[0] < t):
+        raise ValueError(
+            f"out must be [n, {d}] with unit column stride (n >= {t} without rows), got {tuple(out.shape)}"
+        )
+    if rows is not None and (rows.dtype not in (torch.int32, torch.int64) or tuple(rows.shape) != (t,)):
+        raise ValueError(f"rows must be int32/int64 of shape {(t,)}, got {rows.dtype} {tuple(rows.shape)}")
+    check_runnable(kv, weight, cos, sin, out, *([rows] if rows is not None else []))
+    if t == 0:
+        return out
+    bd = max(16, triton.next_power_of_2(d))
+    qb = quant_block if quant else 2
+    _kv_fused_kernel[(t,)](
+        kv, weight, cos, sin, out, rows if rows is not None else out,
+        d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        out.stride(0), float(eps), 1.0 / FP8_MAX,
+        HAS_ROWS=rows is not None, NOPE=nope, QUANT=quant, QB=qb, BLOCK_D=bd, IS_BF16=kv.dtype == torch.bfloat16,
+        num_warps=max(1, min(8, bd // 256)), enable_fp_fusion=False,
+    )  # fmt: skip
+    return out

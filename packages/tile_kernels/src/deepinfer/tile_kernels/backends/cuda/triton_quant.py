@@ -1,0 +1,201 @@
+"""Triton per-block FP8 (e4m3) quantisation with UE8M0 or fp32 scales (`ref/quant.py`), bit-exact to the reference.
+
+One kernel serves `fp8_quant_ue8m0` (q + int32 exponents), `per_token_group_quant_fp8` (q + fp32 scales 2^e or
+amax/448) and `fp8_quant_dequant_ue8m0` (q * 2^e back in x's dtype, e.g. V4's KV simulation on dims 0..447 of a
+[t, 512] row, read in place through the row stride). x [rows, n] is seen as rows * n/GROUP groups; a program
+takes BLOCK_G groups as a [BLOCK_G, GROUP] tile, so x is read once and each output written once.
+
+Bit-exactness, step by step against the reference:
+* amax = max |x| per group; the reference's amax propagates NaN, `tl.max` need not, so a NaN flag is carried.
+  The floor (1e-4 as fp32) is a max, exact.
+* ue8m0: e = ceil(log2(amax * fp32(1/448))) from the IEEE bits of the rounded fp32 product (as the reference);
+  2^-e and 2^e are built from exponent bits (exact: e is in [-22, 127] after the floor). x * 2^-e is one
+  correctly rounded fp32 multiply on both sides (fp fusion is off, nothing to contract anyway).
+* fp32 scales: scale = amax / 448 and x / scale use `tl.div_rn` (IEEE division; Triton's `/` is div.full, 2 ulp).
+* clamp to +-448 with `where` (NaN passes, as torch.clamp), then round to nearest even e4m3 (`_e4m3_rne`, exact
+  integer steps, no fp8 cast: the interpreter's cast rounds differently from the GPU's).
+* non-finite groups: exponent 128, q NaN, dequantised NaN, fp32 2^e scale inf (the reference's ldexp(1, 128)).
+No host sync (CUDA-graph safe); blocks come from shapes only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import check_runnable
+
+__all__ = ["fp8_group_quant_triton"]
+
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-4
+TILE_ELEMS = 4096  # elements of one [BLOCK_G, GROUP] tile
+MAX_GROUP = 4096
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# constants the kernel reads (jit globals must be constexpr)
+_MAX = tl.constexpr(FP8_MAX)
+_FLOOR = tl.constexpr(AMAX_FLOOR)
+_INF = tl.constexpr(float("inf"))
+# kernel modes
+EXP_I32 = tl.constexpr(0)
+POW2_F32 = tl.constexpr(1)
+AMAX_F32 = tl.constexpr(2)
+DEQUANT = tl.constexpr(3)
+_MODES = {"exp": 0, "pow2": 1, "fp32": 2, "dequant": 3}
+
+
+@triton.jit
+def _nan():
+    """A quiet fp32 NaN (built from its bits: a NaN constexpr global would fail Triton's "same value" check of
+    globals between compilations, NaN != NaN)."""
+    return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_rne(y):
+    """fp32 y (|y| <= 448 or NaN) -> (e4m3fn byte as uint8, its value as fp32), round to nearest even.
+
+    Done in integer / exact fp32 steps rather than with a cast, because Triton's interpreter rounds fp8 casts
+    differently (ties up, lost carries) from the GPU: E = max(floor(log2 |y|), -6) (from the exponent bits; -6 is
+    e4m3's smallest normal exponent, below it the subnormal grid 2^-9 continues), v = |y| * 2^(3-E) in [0, 16)
+    (exact), m = rne(v) by the 2^23 add trick (one correctly rounded add), byte = (E + 6) * 8 + m (m = 16 or
+    E = -6, m = 8 carry into the exponent field correctly), sign bit from y, NaN -> 0x7F.
+    """
+    a = tl.abs(y)
+    ebits = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    big_e = tl.maximum(ebits - 127, -6)
+    v = a * ((130 - big_e) << 23).to(tl.float32, bitcast=True)  # * 2^(3 - E)
+    m = (v + 8388608.0) - 8388608.0  # round half to even to an integer (0 <= v <= 16 < 2^23)
+    mag = tl.where(a == 0.0, 0.0, m * ((big_e + 124) << 23).to(tl.float32, bitcast=True))  # m * 2^(E-3)
+    neg = (y.to(tl.int32, bitcast=True) >> 31) != 0
+    byte = (big_e + 6) * 8 + m.to(tl.int32) + tl.where(neg, 128, 0)
+    nan = y != y
+    byte = tl.where(nan, 0x7F, byte)
+    val = tl.where(neg, -mag, mag)
+    return byte.to(tl.uint8), tl.where(nan, _nan(), val)
+
+
+@triton.jit
+def _fp8_group_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_groups,
+    groups_per_row,
+    stride_xr,
+    stride_xc,
+    inv_max,
+    MODE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """x [rows, groups_per_row * GROUP] strided -> q [rows, n] contiguous (e4m3, or x's dtype for DEQUANT) and
+    s [rows, groups_per_row] contiguous (int32 exponent or fp32 scale; not written for DEQUANT)."""
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)  # [BG] global group index
+    gmask = g < n_groups
+    row = g // groups_per_row
+    col0 = (g % groups_per_row) * GROUP
+    j = tl.arange(0, GROUP)
+    mask = gmask[:, None]
+    x = tl.load(x_ptr + row[:, None] * stride_xr + (col0[:, None] + j[None, :]) * stride_xc, mask=mask, other=0.0)
+    quant_tile_store(x.to(tl.float32), g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G)
+
+
+@triton.jit
+def quant_tile_store(
+    x, g, gmask, q_ptr, s_ptr, inv_max, MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr
+):
+    """Quantise fp32 groups x [BLOCK_G, GROUP] (global group ids g, valid where gmask) and store q (or the
+    dequantised values) at q_ptr[g * GROUP + j] and the scales at s_ptr[g], as `_fp8_group_kernel` documents."""
+    j = tl.arange(0, GROUP)
+    mask = gmask[:, None]
+    ax = tl.abs(x)
+    has_nan = tl.max((ax != ax).to(tl.int32), axis=1) > 0  # [BG]
+    amax = tl.maximum(tl.max(ax, axis=1), _FLOOR)
+    amax = tl.where(has_nan, _nan(), amax)
+    if MODE == AMAX_F32:
+        scale = tl.div_rn(amax, tl.full([BLOCK_G], _MAX, tl.float32))
+        y = tl.div_rn(x, scale[:, None])
+    else:
+        bits = (amax * inv_max).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        bad = (bits & 0x7F800000) == 0x7F800000  # product inf or NaN
+        e = tl.where(bad, 128, e)
+        inv = ((127 - tl.minimum(e, 127)) << 23).to(tl.float32, bitcast=True)  # 2^-e (e <= 127 here)
+        y = x * inv[:, None]
+        y = tl.where(bad[:, None], _nan(), y)
+    y = tl.where(y > _MAX, _MAX, y)
+    y = tl.where(y < -_MAX, -_MAX, y)
+    qb, qv = _e4m3_rne(y)
+    out = g[:, None] * GROUP + j[None, :]
+    if MODE == DEQUANT:
+        pw = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e
+        d = qv * pw[:, None]
+        d = tl.where(bad[:, None], _nan(), d)
+        tl.store(q_ptr + out, d.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(q_ptr + out, qb, mask=mask)  # q_ptr is the e4m3 output viewed as uint8
+        if MODE == EXP_I32:
+            tl.store(s_ptr + g, e, mask=gmask)
+        elif MODE == POW2_F32:
+            pw = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)
+            tl.store(s_ptr + g, tl.where(e == 128, _INF, pw), mask=gmask)
+        else:
+            tl.store(s_ptr + g, scale, mask=gmask)
+
+
+def fp8_group_quant_triton(
+    x: torch.Tensor, group: int, mode: str = "exp", out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-group e4m3 quantisation of the last dim, bit-exact to `ref/quant.py`.
+
+    x: [..., n] fp32/bf16/fp16, any strides (leading dims that do not merge are copied first), n % group == 0,
+    group a power of two in [2, 4096]. mode:
+      "exp"     -> (q e4m3 [..., n], e int32 [..., n/group])        as `fp8_quant_ue8m0`
+      "pow2"    -> (q e4m3 [..., n], 2^e fp32 [..., n/group])       as `per_token_group_quant_fp8(.., "ue8m0")`
+      "fp32"    -> (q e4m3 [..., n], amax/448 fp32 [..., n/group])  as `per_token_group_quant_fp8(.., "fp32")`
+      "dequant" -> (q * 2^e in x.dtype [..., n], None)              as `fp8_quant_dequant_ue8m0`
+    `out` (contiguous, [..., n], e4m3 or x.dtype for "dequant") receives the first result. No host sync.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+    if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES:
+        raise TypeError(f"x must be a fp32/bf16/fp16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if isinstance(group, bool) or not isinstance(group, int) or not 2 <= group <= MAX_GROUP or group & (group - 1):
+        raise ValueError(f"group must be a power of two in [2, {MAX_GROUP}], got {group!r}")
+    if x.dim() < 1 or x.shape[-1] % group:
+        raise ValueError(f"x's last dim must be a multiple of group ({group}), got shape {tuple(x.shape)}")
+    check_runnable(x)
+    n = x.shape[-1]
+    qdtype = x.dtype if mode == "dequant" else torch.float8_e4m3fn
+    if out is None:
+        out = torch.empty(x.shape, dtype=qdtype, device=x.device)
+    elif tuple(out.shape) != tuple(x.shape) or out.dtype != qdtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(
+            f"out must be contiguous {qdtype} {list(x.shape)} on {x.device}, "
+            f"got {out.dtype} {list(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
+        )
+    sdtype = torch.int32 if mode == "exp" else torch.float32
+    scales = None if mode == "dequant" else torch.empty((*x.shape[:-1], n // group), dtype=sdtype, device=x.device)
+    if x.numel() == 0:
+        return out, scales
+    x2 = x.reshape(-1, n)  # a view whenever the leading dims merge into one stride
+    n_groups = x.numel() // group
+    bg = max(1, min(TILE_ELEMS // group, triton.next_power_of_2(n_groups)))
+    _fp8_group_kernel[(triton.cdiv(n_groups, bg),)](
+        x2,
+        out if mode == "dequant" else out.view(torch.uint8),
+        scales if scales is not None else out,
+        n_groups,
+        n // group,
+        x2.stride(0),
+        x2.stride(1),
+        1.0 / FP8_MAX,
+        MODE=_MODES[mode],
+        GROUP=group,
+        BLOCK_G=bg,
+        num_warps=max(1, min(8, bg * group // 512)),
+        enable_fp_fusion=False,
+    )
+    return out, scales

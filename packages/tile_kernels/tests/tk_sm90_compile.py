@@ -1,0 +1,213 @@
+"""Compile every Triton kernel variant of tile_kernels for sm_90 without a GPU (ASTSource -> PTX -> cubin).
+
+Run by test_sm90_compile.py in a subprocess with TRITON_INTERPRET unset (under the interpreter `triton.jit`
+makes interpreted functions, which the compiler does not take). Prints one "OK name fma=N" or "FAIL name: why"
+line per variant; exit status 1 when any failed. The interpreter runs kernels without compiling them, so this is
+what catches compile-only errors (e.g. a NaN constexpr global, which Triton's global-consistency check rejects
+because NaN != NaN) before the GPU run.
+"""
+
+import sys
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from deepinfer.tile_kernels.backends.cuda import triton_act as a
+from deepinfer.tile_kernels.backends.cuda import triton_fused as f
+from deepinfer.tile_kernels.backends.cuda import triton_pool as p
+from deepinfer.tile_kernels.backends.cuda import triton_quant as q
+from deepinfer.tile_kernels.backends.cuda import triton_rope as ro
+from deepinfer.tile_kernels.backends.cuda import triton_route as r
+
+T = GPUTarget("cuda", 90, 32)
+FAILED: list[str] = []
+
+
+def go(name: str, fn, sig: dict, cx: dict, warps: int = 4, fusion: bool = True) -> str | None:  # noqa: ANN001
+    """Compile fn with the signature and constexprs; print OK (with the PTX's fma count) or FAIL."""
+    sig = dict(sig)
+    sig.update({k: "constexpr" for k in cx})
+    t0 = time.time()
+    try:
+        opts = {"num_warps": warps, "enable_fp_fusion": fusion}
+        ptx = triton.compile(ASTSource(fn, sig, constexprs=cx), target=T, options=opts).asm["ptx"]
+    except Exception as e:  # noqa: BLE001 (report every variant)
+        FAILED.append(name)
+        print(f"FAIL {name}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
+        return None
+    print(f"OK {name} {time.time() - t0:.1f}s fma={ptx.count('fma.rn')}", flush=True)
+    return ptx
+
+
+qs = {
+    "x_ptr": "*bf16",
+    "q_ptr": "*u8",
+    "s_ptr": "*i32",
+    "n_groups": "i64",
+    "groups_per_row": "i32",
+    "stride_xr": "i64",
+    "stride_xc": "i64",
+    "inv_max": "fp32",
+}
+for mode, sp, qp in ((0, "*i32", "*u8"), (1, "*fp32", "*u8"), (2, "*fp32", "*u8"), (3, "*bf16", "*bf16")):
+    s = dict(qs)
+    s["s_ptr"] = sp
+    s["q_ptr"] = qp
+    go(f"quant mode {mode}", q._fp8_group_kernel, s, {"MODE": mode, "GROUP": 64, "BLOCK_G": 64}, 8, False)
+ps = {
+    "kv_ptr": "*fp32",
+    "sc_ptr": "*fp32",
+    "out_ptr": "*fp32",
+    "S": "i32",
+    "C": "i32",
+    "skw": "i64",
+    "sks": "i64",
+    "skc": "i64",
+    "ssw": "i64",
+    "sss": "i64",
+    "ssc": "i64",
+}
+go("pool CSA", p._pool_kernel, ps, {"BLOCK_S": 8, "BLOCK_C": 512}, 8)
+go("pool HCA", p._pool_kernel, ps, {"BLOCK_S": 128, "BLOCK_C": 32}, 8)
+rs = {
+    "logits_ptr": "*fp32",
+    "bias_ptr": "*fp32",
+    "w_ptr": "*fp32",
+    "ids_ptr": "*i64",
+    "E": "i32",
+    "stride_t": "i64",
+    "stride_e": "i64",
+    "stride_b": "i64",
+    "route_scale": "fp32",
+}
+for sc in (0, 1, 2):
+    go(
+        f"route scoring {sc}",
+        r._route_kernel,
+        rs,
+        {"HAS_BIAS": True, "SCORING": sc, "RENORM": True, "K": 6, "BLOCK_E": 256, "BLOCK_K": 8},
+        1,
+    )
+go(
+    "route nobias k1",
+    r._route_kernel,
+    rs,
+    {"HAS_BIAS": False, "SCORING": 0, "RENORM": False, "K": 1, "BLOCK_E": 256, "BLOCK_K": 2},
+    1,
+)
+ss = {
+    "g_ptr": "*bf16",
+    "u_ptr": "*bf16",
+    "q_ptr": "*u8",
+    "s_ptr": "*fp32",
+    "y_ptr": "*bf16",
+    "n_groups": "i64",
+    "groups_per_row": "i32",
+    "sgr": "i64",
+    "sgc": "i64",
+    "sur": "i64",
+    "suc": "i64",
+    "limit": "fp32",
+    "inv_max": "fp32",
+}
+for mode in (1, 2):
+    go(
+        f"swiglu_fp8 mode {mode}",
+        f._swiglu_fp8_kernel,
+        ss,
+        {"HAS_LIMIT": True, "STORE_Y": False, "MODE": mode, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True},
+        8,
+        False,
+    )
+go(
+    "swiglu_fp8 store_y",
+    f._swiglu_fp8_kernel,
+    ss,
+    {"HAS_LIMIT": True, "STORE_Y": True, "MODE": 1, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True},
+    8,
+    False,
+)
+s32 = dict(ss)
+s32.update({"g_ptr": "*fp32", "u_ptr": "*fp32", "y_ptr": "*fp32"})
+go(
+    "swiglu_fp8 fp32",
+    f._swiglu_fp8_kernel,
+    s32,
+    {"HAS_LIMIT": False, "STORE_Y": False, "MODE": 2, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": False},
+    8,
+    False,
+)
+ks = {
+    "kv_ptr": "*bf16",
+    "w_ptr": "*bf16",
+    "cos_ptr": "*fp32",
+    "sin_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "rows_ptr": "*i64",
+    "d": "i32",
+    "skr": "i64",
+    "skc": "i64",
+    "sw": "i64",
+    "sct": "i64",
+    "sck": "i64",
+    "sst": "i64",
+    "ssk": "i64",
+    "sor": "i64",
+    "eps": "fp32",
+    "inv_max": "fp32",
+}
+for rows in (False, True):
+    for quant in (False, True):
+        go(
+            f"kv rows={rows} quant={quant}",
+            f._kv_fused_kernel,
+            ks,
+            {"HAS_ROWS": rows, "NOPE": 448, "QUANT": quant, "QB": 64 if quant else 2, "BLOCK_D": 512, "IS_BF16": True},
+            2,
+            False,
+        )
+k32 = dict(ks)
+k32.update({"kv_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32"})
+go(
+    "kv fp32",
+    f._kv_fused_kernel,
+    k32,
+    {"HAS_ROWS": False, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_D": 512, "IS_BF16": False},
+    2,
+    False,
+)
+ros = {
+    "x_ptr": "*bf16",
+    "cos_ptr": "*fp32",
+    "sin_ptr": "*fp32",
+    "y_ptr": "*bf16",
+    "M": "i32",
+    "d": "i32",
+    "rope_start": "i32",
+    "stride_xt": "i64",
+    "stride_xm": "i64",
+    "stride_xd": "i64",
+    "stride_ct": "i64",
+    "stride_ck": "i64",
+    "stride_st": "i64",
+    "stride_sk": "i64",
+}
+go("rope fusion on", ro._rope_kernel, ros, {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512}, 8, True)
+go("rope fusion off", ro._rope_kernel, ros, {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512}, 8, False)
+as_ = {
+    "g_ptr": "*bf16",
+    "u_ptr": "*bf16",
+    "y_ptr": "*bf16",
+    "n_rows": "i32",
+    "n": "i32",
+    "stride_gr": "i64",
+    "stride_gn": "i64",
+    "stride_ur": "i64",
+    "stride_un": "i64",
+    "limit": "fp32",
+}
+go("swiglu", a._swiglu_kernel, as_, {"HAS_LIMIT": True, "BLOCK_R": 2, "BLOCK_N": 1024}, 4)
+
+sys.exit(1 if FAILED else 0)
