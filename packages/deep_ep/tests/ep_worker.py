@@ -1,8 +1,9 @@
-"""Run the dispatch / combine scenarios on one rank, and launch them over gloo process groups.
+"""Run the dispatch / combine scenarios on one rank, and launch them over gloo (CPU) or NCCL (GPU) groups.
 
-`launch` starts one process per rank (torch.multiprocessing, "forkserver"), each of which joins a gloo group on
-a free localhost port, runs every scenario and destroys its group. A worker's exception fails the launch;
-on a timeout or a failure every worker still alive is killed, so no process outlives the test.
+`launch` starts one process per rank (torch.multiprocessing, "forkserver"), each of which joins a group on
+a free localhost port (NCCL scenarios: rank r on GPU r), runs a scenario and destroys its group. A worker's
+exception fails the launch; on a timeout or a failure every worker still alive is killed, so no process
+outlives the test.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ep_cases import make_world
+from ep_fast import check_bad_input_raises_everywhere, check_fast_vs_reference
 from ep_low_latency import check_low_latency
 from ep_normal import check_normal
 
@@ -35,23 +37,67 @@ def run_all(group: dist.ProcessGroup | None, seed: int) -> None:
         check_low_latency(buf, w, use_fp8, round_scale, ue8m0)
 
 
-def _worker(rank: int, world_size: int, port: int, seed: int) -> None:
+def run_fast(group: dist.ProcessGroup, seed: int) -> None:
+    """The fast path against the reference (bit-exact dispatch), then the oracle scenarios through it.
+
+    With the torch movers the buffer starts small (2 MiB) and the second case makes every rank grow it.
+    """
+    buf = Buffer(group)
+    world = dist.get_world_size(group)
+    experts = 8 * world
+    check_fast_vs_reference(buf, seed, 256, experts, 6, [9, 0, 13, 4][:world])
+    check_bad_input_raises_everywhere(buf, experts)
+    if os.environ.get("DEEPINFER_DEEP_EP_IMPL") == "torch":  # too slow for Triton's interpreter; same logic
+        check_fast_vs_reference(buf, seed + 1, 2048, experts, 4, [300, 90, 5, 0][:world])
+        assert buf._fast.transport.nbytes > 2 << 20, "the second case should have grown the buffers"
+    else:
+        check_fast_vs_reference(buf, seed + 1, 512, experts, 8, [20, 33, 1, 0][:world])  # bf16 rows via Triton
+    w = make_world(world, seed)
+    check_normal(buf, w, use_fp8=False)
+    check_normal(buf, w, use_fp8=True)
+    buf.destroy()
+
+
+def run_fast_cuda(group: dist.ProcessGroup, seed: int) -> None:
+    """On GPUs (NCCL + symmetric memory): V4-Flash shapes, uneven and empty ranks, both row movers."""
+    world = dist.get_world_size(group)
+    for impl in ("triton", "torch"):
+        os.environ["DEEPINFER_DEEP_EP_IMPL"] = impl  # read when a Buffer builds its fast path
+        buf = Buffer(group)
+        check_fast_vs_reference(buf, seed, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world])
+        check_fast_vs_reference(buf, seed + 1, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world])
+        check_fast_vs_reference(buf, seed + 2, 4096, 256, 6, [1, 1, 1, 1, 1, 1, 1, 1][:world])
+        buf.destroy()
+
+
+# name -> (scenario, torch.distributed backend)
+SCENARIOS = {"all": (run_all, "gloo"), "fast": (run_fast, "gloo"), "cuda": (run_fast_cuda, "nccl")}
+
+
+def _worker(
+    rank: int, world_size: int, port: int, seed: int, env: dict[str, str] | None = None, scenario: str = "all"
+) -> None:
     torch.set_num_threads(1)  # the machine is shared; the payloads are tiny
+    os.environ.update(env or {})  # e.g. force the fast path (the forkserver's environment is fixed)
+    run, backend = SCENARIOS[scenario]
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=30),  # a collective that hangs fails instead
+        # a collective that hangs fails instead (GPU: leave room for Triton compiling on one rank)
+        timeout=datetime.timedelta(seconds=30 if backend == "gloo" else 180),
     )
     try:
-        run_all(dist.group.WORLD, seed)
+        run(dist.group.WORLD, seed)
         # Then every smaller world on the first ranks: one set of processes serves several world sizes,
         # since starting a process (importing torch) costs far more than the scenarios.
         for size in range(world_size - 1, 1, -1):
             sub = dist.new_group(list(range(size)))  # collective over all ranks, members or not
             if rank < size:
-                run_all(sub, seed + size)
+                run(sub, seed + size)
             dist.destroy_process_group(sub)
         dist.barrier()
     finally:
@@ -65,13 +111,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world_size: int, seed: int, timeout_s: float = 60.0) -> None:
-    """Run `run_all` on `world_size` spawned ranks; raise if any fails or the deadline passes."""
+def launch(
+    world_size: int, seed: int, timeout_s: float = 60.0, env: dict[str, str] | None = None, scenario: str = "all"
+) -> None:
+    """Run `run_all` on `world_size` spawned ranks (with `env` set in each); raise if any fails or times out."""
     # forkserver: one server process imports torch once and forks the ranks from it, which on a loaded
     # 2-core machine starts 3 ranks in ~1 s instead of ~5 s for 3 concurrent fresh interpreters (spawn).
     multiprocessing.set_forkserver_preload(["torch", "ep_worker"])
     ctx = mp.start_processes(
-        _worker, args=(world_size, _free_port(), seed), nprocs=world_size, join=False, start_method="forkserver"
+        _worker,
+        args=(world_size, _free_port(), seed, env, scenario),
+        nprocs=world_size,
+        join=False,
+        start_method="forkserver",
     )
     deadline = time.monotonic() + timeout_s
     try:

@@ -12,3 +12,15 @@ def test_world_size_1() -> None:
 def test_gloo_3_and_2_ranks() -> None:
     """Three spawned ranks run every scenario, then ranks 0 and 1 run them again as a 2-rank subgroup."""
     launch(3, seed=20)
+
+
+def test_fast_path_gloo_shm_3_and_2_ranks_triton() -> None:
+    """The intranode fast path on CPU (shared memory, Triton interpreter) against the reference."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    launch(3, seed=31, timeout_s=120.0, env=env, scenario="fast")
+
+
+def test_fast_path_gloo_shm_2_ranks_torch_movers() -> None:
+    """The same with the torch row movers (index_select / index_add_) instead of the Triton kernels."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "torch"}
+    launch(2, seed=41, timeout_s=120.0, env=env, scenario="fast")

@@ -1,6 +1,15 @@
-"""deep_select.topk / topk_ragged: hypothesis property tests plus pinned edge cases (reference path)."""
+"""deep_select.topk / topk_ragged: hypothesis property tests plus pinned edge cases.
+
+The property tests run twice on CPU: through the reference and, with TRITON_INTERPRET=1, through the Triton
+kernels (backend forced to "triton"); the `gpu` ones run the API on CUDA tensors (the Triton path there).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -8,7 +17,7 @@ from ds_checks import DISTRIBUTIONS, check_topk, make_scores
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer.deep_select import api
+from deepinfer.deep_select import _backend, api, backend
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SIZES = st.one_of(st.integers(1, 80), st.sampled_from([255, 511, 512, 513, 1000, 2048, 4096]))
@@ -36,9 +45,20 @@ def _lengths(mode: str, b: int, n: int, g: torch.Generator) -> torch.Tensor | No
     return torch.tensor([-3, 0, n, n + 7][:b], dtype=torch.int32)
 
 
-@settings(max_examples=150, deadline=None, database=None)
-@given(topk_case())
-def test_topk_properties(case: dict) -> None:
+_triton_interp = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton path on CPU needs TRITON_INTERPRET=1"
+)
+
+
+@contextlib.contextmanager
+def _path(name: str) -> Iterator[None]:
+    """Run the API through `name` ("reference" or "triton", forced through the backend variable)."""
+    with mock.patch.dict(os.environ, {_backend.ENV_VAR: name}):
+        assert backend("cpu") == name
+        yield
+
+
+def _check_properties(case: dict) -> None:
     g = torch.Generator().manual_seed(case["seed"])
     scores = make_scores(case["dist"], case["b"], case["n"], case["dtype"], g)
     lengths = _lengths(case["lengths_mode"], case["b"], case["n"], g)
@@ -47,25 +67,55 @@ def test_topk_properties(case: dict) -> None:
     check_topk(scores, case["k"], lengths, idx, vals, case["sorted"])
 
 
-@settings(max_examples=60, deadline=None, database=None)
-@given(topk_case())
-def test_topk_ragged_equals_topk_on_slices(case: dict) -> None:
+def _check_ragged(case: dict) -> None:
     g = torch.Generator().manual_seed(case["seed"])
     t, n, k = case["b"], case["n"], case["k"]
     scores = make_scores(case["dist"], t, n, case["dtype"], g)
     starts = torch.randint(-2, n + 1, (t,), generator=g, dtype=torch.int32)
     ends = starts + torch.randint(-1, n + 3, (t,), generator=g, dtype=torch.int32)
     idx, vals = api.topk_ragged(scores, k, starts=starts, ends=ends, sorted=True, return_values=True)
-    for r in range(t):
-        s, e = int(starts[r]), int(ends[r])
-        lo, hi = max(s, 0), min(max(e, 0), n)
-        sub = scores[r : r + 1, lo:hi] if hi > lo else scores[r : r + 1, :0]
-        want_idx, want_vals = api.topk(sub, k, sorted=True, return_values=True)
-        # Column c of the slice is column lo + c of the row: relative id = lo + c - s.
-        want_idx = torch.where(want_idx >= 0, want_idx + (lo - s), -1)
-        assert torch.equal(idx[r], want_idx[0])
-        assert torch.equal(vals[r].isnan(), want_vals[0].isnan())
-        assert torch.equal(vals[r].nan_to_num(), want_vals[0].nan_to_num())
+    with _path("reference"):  # the slices' expected results come from the reference
+        for r in range(t):
+            s, e = int(starts[r]), int(ends[r])
+            lo, hi = max(s, 0), min(max(e, 0), n)
+            sub = scores[r : r + 1, lo:hi] if hi > lo else scores[r : r + 1, :0]
+            want_idx, want_vals = api.topk(sub, k, sorted=True, return_values=True)
+            # Column c of the slice is column lo + c of the row: relative id = lo + c - s.
+            want_idx = torch.where(want_idx >= 0, want_idx + (lo - s), -1)
+            assert torch.equal(idx[r], want_idx[0])
+            assert torch.equal(vals[r].isnan(), want_vals[0].isnan())
+            assert torch.equal(vals[r].nan_to_num(), want_vals[0].nan_to_num())
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(topk_case())
+def test_topk_properties(case: dict) -> None:
+    with _path("reference"):
+        _check_properties(case)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(topk_case())
+def test_topk_ragged_equals_topk_on_slices(case: dict) -> None:
+    with _path("reference"):
+        _check_ragged(case)
+
+
+# The Triton interpreter is ~50x slower than the reference: fewer examples, same generator.
+@_triton_interp
+@settings(max_examples=30, deadline=None, database=None)
+@given(topk_case())
+def test_topk_properties_triton(case: dict) -> None:
+    with _path("triton"):
+        _check_properties(case)
+
+
+@_triton_interp
+@settings(max_examples=15, deadline=None, database=None)
+@given(topk_case())
+def test_topk_ragged_triton(case: dict) -> None:
+    with _path("triton"):
+        _check_ragged(case)
 
 
 def test_ties_lower_index_wins() -> None:

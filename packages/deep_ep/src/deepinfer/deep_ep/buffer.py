@@ -1,8 +1,10 @@
 """`Buffer`: DeepEP-style expert-parallel dispatch / combine (normal and low-latency modes).
 
-The reference implementation (`reference.py`, `reference_ll.py`) moves data with
+Normal-mode dispatch / combine of a 2+ rank group on CUDA take the intranode fast path (`intranode.py`:
+symmetric-memory buffers every rank writes directly, Triton row movers) when every rank can; everything
+else runs the reference (`reference.py`, `reference_ll.py`), which moves data with
 `torch.distributed.all_to_all_single` (gloo on CPU, NCCL on CUDA) or, for world size 1, with a local
-permutation. It completes every transfer before returning: the `hook` of the low-latency calls is a
+permutation. Both complete every transfer before returning: the `hook` of the low-latency calls is a
 no-op and there are no events. Experts are split evenly and contiguously over ranks: rank r owns global
 experts [r * E / R, (r + 1) * E / R); "local expert e" on rank r is global expert r * E / R + e.
 """
@@ -17,9 +19,11 @@ import torch.distributed as dist
 
 from . import reference as ref
 from . import reference_ll as ref_ll
+from ._backend import backend
 from ._checks import FLOAT_X, check_int, check_num_experts, check_same_device, check_tensor, check_topk, check_x
 from ._comm import Comm
 from .handles import DispatchHandle, LowLatencyHandle
+from .intranode import IntranodeNormal, create_intranode
 
 XPayload = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -33,7 +37,9 @@ class Buffer:
 
     group: the process group of the EP ranks, or None for a single process (world size 1, no
     torch.distributed needed). num_nvl_bytes / num_rdma_bytes / low_latency_mode / num_qps_per_rank /
-    explicitly_destroy size and configure the fast path's buffers; the reference validates and keeps them.
+    explicitly_destroy size and configure the buffers: the intranode fast path allocates
+    max(num_nvl_bytes, 2 MiB) per rank (symmetric memory) at the first normal-mode call and grows it when a
+    call needs more; the other arguments are validated and kept.
     """
 
     def __init__(
@@ -56,9 +62,29 @@ class Buffer:
         self._comm = Comm(group)
         self.rank: int = self._comm.rank
         self.group_size: int = self._comm.world_size
+        self._fast: IntranodeNormal | None | bool = None  # None: not decided yet; False: reference
 
     def destroy(self) -> None:
-        """Release the buffer (nothing to release in the reference; kept for DeepEP's explicit-destroy API)."""
+        """Release the fast path's buffers (kept for DeepEP's explicit-destroy API; a no-op for the reference)."""
+        if isinstance(self._fast, IntranodeNormal):
+            self._fast.destroy()
+        self._fast = None
+
+    def _fast_path(self, device: torch.device) -> IntranodeNormal | None:
+        """The intranode fast path for tensors on `device`, or None (the reference runs).
+
+        Decided at the first normal-mode call (a collective: every rank makes the same call): needs a
+        process group of 2+ ranks and `backend(device) == "triton"` (CUDA with Triton, or forced with
+        TRITON_INTERPRET=1 on CPU, where it runs over shared memory). Every rank agrees before using it.
+        """
+        if self.group is None or self.group_size == 1:
+            return None
+        if self._fast is None:
+            use = backend(device) == "triton"
+            self._fast = create_intranode(self.group, device, self.num_nvl_bytes) if use else False
+        if isinstance(self._fast, IntranodeNormal) and self._fast.device == device:
+            return self._fast
+        return None
 
     def get_dispatch_layout(
         self, topk_idx: torch.Tensor, num_experts: int
@@ -118,6 +144,9 @@ class Buffer:
             check_tensor("is_token_in_rank", is_token_in_rank, (torch.bool,), [t, self.group_size])
         xt = x[0] if isinstance(x, tuple) else x
         check_same_device(x=xt, topk_idx=idx, topk_weights=w, is_token_in_rank=is_token_in_rank)
+        fast = self._fast_path(xt.device)
+        if fast is not None:
+            return fast.dispatch(x, idx, w, num_experts, is_token_in_rank, expert_alignment)
         return ref.dispatch(self._comm, x, idx, w, num_experts, is_token_in_rank, expert_alignment)
 
     def _num_experts(
@@ -142,7 +171,8 @@ class Buffer:
             raise ValueError("topk_idx / topk_weights: must be None when dispatching with a cached handle")
         if t != handle.num_tokens:
             raise ValueError(f"x: expected {handle.num_tokens} tokens (the handle's), got {t}")
-        recv_x = ref.cached_dispatch(self._comm, x, handle)
+        fast = self._fast_path(handle.send_token_idx.device) if handle.count_matrix is not None else None
+        recv_x = fast.cached_dispatch(x, handle) if fast is not None else ref.cached_dispatch(self._comm, x, handle)
         return recv_x, None, None, list(handle.num_recv_tokens_per_expert_list), handle
 
     @overload
@@ -174,7 +204,11 @@ class Buffer:
         if topk_weights is not None:
             check_tensor("topk_weights", topk_weights, (torch.float32,), [handle.num_recv_tokens, None])
         check_same_device(x=x, topk_weights=topk_weights, handle=handle.send_token_idx)
-        combined, weights = ref.combine(self._comm, x, handle, topk_weights)
+        fast = self._fast_path(x.device) if handle.count_matrix is not None else None
+        if fast is not None:
+            combined, weights = fast.combine(x, handle, topk_weights)
+        else:
+            combined, weights = ref.combine(self._comm, x, handle, topk_weights)
         return combined if weights is None else (combined, weights)
 
     def low_latency_dispatch(

@@ -31,6 +31,9 @@ class DispatchHandle:
     recv_counts: list[int]
     recv_src_idx: torch.Tensor
     num_recv_tokens_per_expert_list: list[int]
+    # Fast path only: M[s][d] = rows rank s sent to rank d (every rank's offsets derive from it); None
+    # when the reference made the handle.
+    count_matrix: list[list[int]] | None = None
 
     @property
     def num_recv_tokens(self) -> int:

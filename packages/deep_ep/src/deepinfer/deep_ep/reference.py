@@ -13,7 +13,7 @@ import torch
 from ._comm import Comm, pack_rows, unpack_rows
 from .handles import DispatchHandle
 
-__all__ = ["dispatch_layout", "check_topk_idx", "dispatch", "cached_dispatch", "combine"]
+__all__ = ["dispatch_layout", "layout_nocheck", "check_topk_idx", "dispatch", "cached_dispatch", "combine"]
 
 XPayload = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -35,6 +35,14 @@ def dispatch_layout(
     A token counts once per rank and once per expert however many of its top-k slots point there.
     """
     check_topk_idx(topk_idx, num_experts)
+    return layout_nocheck(topk_idx, num_experts, world_size)
+
+
+def layout_nocheck(
+    topk_idx: torch.Tensor, num_experts: int, world_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`dispatch_layout` without the value check (which synchronises with the host; the fast path checks
+    the ids after its count exchange instead)."""
     t, dev = topk_idx.shape[0], topk_idx.device
     per_rank = num_experts // world_size
     idx = topk_idx.to(torch.int64)

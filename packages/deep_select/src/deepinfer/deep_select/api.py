@@ -1,8 +1,10 @@
 """Public deep_select API: argument validation, then the fastest available implementation.
 
-Every function has a reference twin in `reference.py`; today every op runs the reference (the CUDA / Triton
-fast paths plug in here, behind the same checks). Validation looks at shapes, dtypes and devices only, never at
-tensor values, so every function is safe to capture in a CUDA graph.
+Every function has a reference twin in `reference.py`. On CUDA tensors (when `backend(device)` answers
+"triton") `topk`, `topk_ragged` and the selection step of `indexer_topk` run the Triton radix select
+(`backends/cuda/`); everything else, and every op on other devices, runs the reference. Validation looks at
+shapes, dtypes and devices only, never at tensor values, so every function is safe to capture in a CUDA graph
+(run each shape once before capturing, so Triton compiles outside the capture).
 
 Selection order shared by all functions (fast paths must reproduce it exactly):
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as _ref
+from ._backend import backend
 from ._validate import (
     ACT_DTYPES,
     SCORE_DTYPES,
@@ -34,6 +37,44 @@ __all__ = ["indexer_scores", "indexer_topk", "topk", "topk_ragged"]
 
 _TABLE_DTYPES = (torch.int32, torch.int64)  # the engine's slot ids are int64; tables are int32
 TopkResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    """True when calls on t's device run the Triton kernels (CUDA, or CPU with the interpreter forced).
+
+    Empty inputs take the reference (nothing to read; it returns the all-padding result directly).
+    """
+    return t.numel() > 0 and backend(t.device) == "triton"
+
+
+def _fast_select(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    sorted: bool,
+    return_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton top-k ids (relative to starts when given), then the optional value gather and rank sort.
+
+    The kernel returns ids unsorted with -1 padding; sorting happens on the k picks only (tiny next to n).
+    """
+    from .backends.cuda.dispatch import select_indices  # imports triton: only on the fast path
+
+    idx = select_indices(scores, k, lengths=lengths, starts=starts)
+    if not (sorted or return_values):
+        return idx, None
+    pad = idx < 0
+    cols = idx.to(torch.int64)
+    if starts is not None:
+        cols = cols + starts.to(torch.int64)[:, None]
+    cols = torch.where(pad, 0, cols)
+    vals = torch.gather(scores, 1, cols)
+    vals = torch.where(pad, torch.full_like(vals, float("-inf")), vals)
+    if sorted:
+        order = torch.argsort(_ref.order_keys(vals, ~pad, cols), dim=1, descending=True)
+        idx, vals = torch.gather(idx, 1, order), torch.gather(vals, 1, order)
+    return idx, vals if return_values else None
 
 
 def _finish(idx: torch.Tensor, vals: torch.Tensor | None, out: torch.Tensor | None, return_values: bool) -> TopkResult:
@@ -80,8 +121,10 @@ def topk(
     check_same_device(scores=scores, lengths=lengths)
     if out is not None:
         check_out(out, (b, k), torch.int32, scores.device)
-    # The reference always sorts, which satisfies sorted=False too.
-    idx, vals = _ref.topk(scores, k, lengths, return_values)
+    if _use_triton(scores):
+        idx, vals = _fast_select(scores, k, lengths, None, sorted, return_values)
+    else:  # the reference always sorts, which satisfies sorted=False too
+        idx, vals = _ref.topk(scores, k, lengths, return_values)
     return _finish(idx, vals, out, return_values)
 
 
@@ -118,7 +161,10 @@ def topk_ragged(
     check_same_device(scores=scores, starts=starts, ends=ends)
     if out is not None:
         check_out(out, (t, k), torch.int32, scores.device)
-    idx, vals = _ref.topk_ragged(scores, k, starts, ends, return_values)
+    if _use_triton(scores):
+        idx, vals = _fast_select(scores, k, ends, starts, sorted, return_values)
+    else:
+        idx, vals = _ref.topk_ragged(scores, k, starts, ends, return_values)
     return _finish(idx, vals, out, return_values)
 
 
@@ -215,4 +261,8 @@ def indexer_topk(
     check_same_device(
         q=q, weights=weights, k_cache=k_cache, visible=visible, seq_rows=seq_rows, block_table=block_table
     )
-    return _ref.indexer_topk(q, weights, k_cache, k, visible, seq_rows, block_table, rpb)
+    if not _use_triton(q):
+        return _ref.indexer_topk(q, weights, k_cache, k, visible, seq_rows, block_table, rpb)
+    # Scores by the reference (materialised [t, m] fp32), selection by the Triton kernel.
+    scores, lengths = _ref.indexer_topk_scores(q, weights, k_cache, visible, seq_rows, block_table, rpb)
+    return _fast_select(scores, k, lengths, None, False, False)[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["indexer_scores", "indexer_topk", "order_keys", "topk", "topk_ragged"]
+__all__ = ["indexer_scores", "indexer_topk", "indexer_topk_scores", "order_keys", "topk", "topk_ragged", "value_keys"]
 
 _INF_BITS = 0x7F800000  # fp32 bit pattern of +inf
 _NAN_KEY = -_INF_BITS - 1  # one below -inf
@@ -26,18 +26,27 @@ _LOW = 1 << 32
 _CHUNK_ELEMS = 1 << 24
 
 
-def order_keys(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Unique int64 ranking keys: a larger key ranks higher.
+def value_keys(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """int64 numeric-order key of each value (equal values tie; NaN below -inf; invalid below NaN).
 
-    scores: float [b, n]; valid: bool [b, n] (False = never chosen). Returns int64 [b, n].
+    scores: float [...]; valid: bool of the same shape (False = never chosen). Returns int64 [...].
     """
     bits = scores.float().contiguous().view(torch.int32).to(torch.int64)
     # Sign-magnitude -> two's-complement order; -0.0 and +0.0 both map to 0 so they tie.
     key = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
     key = torch.where(torch.isnan(scores), torch.full_like(key, _NAN_KEY), key)
-    key = torch.where(valid, key, torch.full_like(key, _INVALID_KEY))
-    col = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.int64)
-    return key * _LOW + (_LOW - 1 - col)
+    return torch.where(valid, key, torch.full_like(key, _INVALID_KEY))
+
+
+def order_keys(scores: torch.Tensor, valid: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+    """Unique int64 ranking keys: a larger key ranks higher.
+
+    scores: float [b, n]; valid: bool [b, n] (False = never chosen); cols: int [b, n] column of each entry
+    (None: 0 .. n - 1). Returns int64 [b, n].
+    """
+    if cols is None:
+        cols = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.int64)
+    return value_keys(scores, valid) * _LOW + (_LOW - 1 - cols.to(torch.int64))
 
 
 def _select(
@@ -151,6 +160,32 @@ def _paged_scores(
     return out
 
 
+def indexer_topk_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    visible: torch.Tensor,
+    seq_rows: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    rows_per_block: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The score half of `indexer_topk`: (fp32 [t, m] scores over each query's own entries, int32 [t] lengths).
+
+    Entry j of row t is valid iff j < lengths[t]; the selection step is `topk(scores, k, lengths)`.
+    """
+    d = k_cache.shape[-1]
+    k_flat = k_cache.reshape(-1, d)
+    if block_table is None:
+        scores = indexer_scores(q, weights, k_flat)
+        return scores, visible.clamp(0, k_flat.shape[0])
+    if seq_rows is None:
+        seq_rows = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
+    assert rows_per_block is not None
+    slots, live = _entry_slots(visible, seq_rows, block_table, rows_per_block)
+    scores = _paged_scores(q, weights, k_flat, slots, live)
+    return scores, visible.clamp(0, scores.shape[1])
+
+
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -162,14 +197,5 @@ def indexer_topk(
     rows_per_block: int | None,
 ) -> torch.Tensor:
     """Paged lightning-indexer top-k (see `api.indexer_topk`). Returns local entry ids int32 [t, k], -1 padded."""
-    d = k_cache.shape[-1]
-    k_flat = k_cache.reshape(-1, d)
-    if block_table is None:
-        scores = indexer_scores(q, weights, k_flat)
-        return topk(scores, k, visible.clamp(0, k_flat.shape[0]))[0]
-    if seq_rows is None:
-        seq_rows = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
-    assert rows_per_block is not None
-    slots, live = _entry_slots(visible, seq_rows, block_table, rows_per_block)
-    scores = _paged_scores(q, weights, k_flat, slots, live)
-    return topk(scores, k, visible.clamp(0, scores.shape[1]))[0]
+    scores, lengths = indexer_topk_scores(q, weights, k_cache, visible, seq_rows, block_table, rows_per_block)
+    return topk(scores, k, lengths)[0]

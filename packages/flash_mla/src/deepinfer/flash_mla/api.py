@@ -1,8 +1,9 @@
 """Public flash_mla API: argument validation, then the fastest available implementation.
 
-Every op has a reference twin (`reference.py`, `kv_format.py`); today every op runs the reference (CUDA /
-Triton fast paths plug in here, behind the same checks). Validation reads shapes, dtypes and devices only,
-never tensor values, so each function is safe inside CUDA-graph capture.
+Every op has a reference twin (`reference.py`, `kv_format.py`). Sparse attention runs a Triton kernel on CUDA
+(BF16 and FP8 caches; routing in `_dispatch.py`), the reference elsewhere; FP8 pack / unpack run the reference.
+Validation reads shapes, dtypes and devices only, never tensor values, and the Triton launchers never sync
+with the host, so each function is safe inside CUDA-graph capture.
 
 KV caches (one shared K=V head, 512 dims for V4):
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _dispatch
 from . import reference as _ref
 from ._validate import ACT_DTYPES, check_int, check_out, check_same_device, check_scale, check_shape, check_tensor
 from .kv_format import FP8_KV_BYTES, KV_DIM
@@ -120,10 +122,7 @@ def sparse_attn_prefill(
     _check_attn_args(q, kv, indices, sink, extra_kv, extra_indices, (q.shape[0],))
     if out is not None:
         check_out(out, tuple(q.shape), q.dtype, q.device)
-    o, lse = _ref.sparse_attn(q, kv, indices, sink, scale, extra_kv, extra_indices)
-    if out is not None:
-        out.copy_(o)
-        o = out
+    o, lse = _dispatch.sparse_attn(q, kv, indices, sink, scale, extra_kv, extra_indices, out)
     return o, (lse if return_lse else None)
 
 
@@ -139,8 +138,10 @@ def get_decode_metadata(
     """Scheduling metadata for `sparse_attn_decode`, computed once per batch shape and reused by every layer.
 
     Built from the shapes alone (no tensor is read, no host-device sync), so it is CUDA-graph safe: compute it
-    before capture and pass the same object to every captured call. The reference stores only the shapes and
-    uses them to check each call.
+    before capture and pass the same object to every captured call. Today it stores only the shapes and each
+    call is checked against them: the Triton kernel's split-KV plan (`plan_num_splits`) is a pure function of
+    the shapes and the device's SM count, a few integer operations on the host per call, with no device
+    tensor to precompute.
 
     Args:
         batch_size: requests b (>= 1); s_q: query tokens per request, 1..8; num_heads: h;
@@ -199,14 +200,22 @@ def sparse_attn_decode(
     if out is not None:
         check_out(out, tuple(q.shape), q.dtype, q.device)
     flat_extra = extra_indices.reshape(b * s_q, -1) if extra_indices is not None else None
-    o, lse = _ref.sparse_attn(
-        q.reshape(b * s_q, h, d), kv_cache, indices.reshape(b * s_q, -1), sink, scale, extra_kv, flat_extra
+    out3 = _flat_view(out, (b * s_q, h, d)) if out is not None else None
+    o, lse = _dispatch.sparse_attn(
+        q.reshape(b * s_q, h, d), kv_cache, indices.reshape(b * s_q, -1), sink, scale, extra_kv, flat_extra, out3
     )
-    o = o.reshape(b, s_q, h, d)
-    if out is not None:
+    o = o.view(b, s_q, h, d)
+    if out is not None and out3 is None:  # out's strides have no [b * s_q, h, d] view: copy once
         out.copy_(o)
-        o = out
-    return o, lse.reshape(b, s_q, h)
+    return (out if out is not None else o), lse.view(b, s_q, h)
+
+
+def _flat_view(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """A view of t with this shape sharing its memory, or None when t's strides do not allow one."""
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        return None
 
 
 def pack_fp8_kv(kv: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,5 @@
-"""Fast-path implementations. No fast path yet: every op runs the PyTorch reference."""
+"""Fast paths. Triton (CUDA, or Triton's CPU interpreter when forced): the intranode normal-mode dispatch /
+combine over peer-writable buffers (`intranode.py`, kernels in `backends/triton/rows.py`). Low-latency mode
+and world size 1 run the reference."""
 
-IMPLEMENTED: tuple[str, ...] = ()
+IMPLEMENTED: tuple[str, ...] = ("triton",)

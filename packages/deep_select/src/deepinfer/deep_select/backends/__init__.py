@@ -1,4 +1,8 @@
-"""Fast paths. None wired yet: every op runs the PyTorch reference. Written and tested in Triton's CPU interpreter
-but not yet run on a GPU: the radix-select top-k (`cuda/triton_topk.py`)."""
+"""Fast paths. "triton": exact radix-select top-k on CUDA (`cuda/`): v3 `triton_filter.py` (one read of the row
+in the common case; what `topk`, `topk_ragged` and `indexer_topk`'s selection run), v2 `triton_select.py`
+(3 reads) and v1 `triton_topk.py` (5 reads, GPU-validated) as fallbacks, split rows `triton_split.py` for few
+long rows (`cuda/dispatch.py` picks), and the fused
+indexer scores + top-k `triton_indexer.py` (not wired into the API yet). `indexer_scores` and the score half of
+`indexer_topk` run the reference."""
 
-IMPLEMENTED: tuple[str, ...] = ()
+IMPLEMENTED: tuple[str, ...] = ("triton",)

@@ -1,5 +1,9 @@
 """Triton sparse attention with a per-head sink over one shared K=V head (DeepSeek-V4), BF16 / FP32 caches.
 
+Role: the API runs this kernel only for fp32 q or fp32 caches on a GPU (fp32 dot operands); bf16 and FP8 calls
+go to `triton_split_attn.py` (all 64 heads per program, split-KV). Kept as the fp32 path and as the `legacy`
+baseline of `benchmarks/bench_flash_mla.py`.
+
 Semantics are those of `reference.sparse_attn`: for query token t and head h, over the valid indices j of
 `indices[t]` (into kv) and `extra_indices[t]` (into extra_kv) together,
 
@@ -57,8 +61,20 @@ def _bf16_rne(x):
 
 @triton.jit
 def _attend_tile(
-    m_i, l_i, acc, q, kv_ptr, idx_row_ptr, n_rows, stride_kv, start, topk, qk_scale,
-    offs_n, offs_d, DOT_FP32: tl.constexpr,
+    m_i,
+    l_i,
+    acc,
+    q,
+    kv_ptr,
+    idx_row_ptr,
+    n_rows,
+    stride_kv,
+    start,
+    topk,
+    qk_scale,
+    offs_n,
+    offs_d,
+    DOT_FP32: tl.constexpr,
 ):
     """One tile of BLOCK_N indices: update (m_i [BH], l_i [BH], acc [BH, D]) with its valid rows; returns them.
 
@@ -90,11 +106,38 @@ def _attend_tile(
 
 @triton.jit
 def _sparse_attn_kernel(
-    q_ptr, kv_ptr, idx_ptr, ex_kv_ptr, ex_idx_ptr, sink_ptr, out_ptr, lse_ptr,
-    H, n_kv, n_ex, topk, topk_ex, qk_scale,
-    stride_qt, stride_qh, stride_kv, stride_it, stride_ex, stride_et, stride_ot, stride_oh, stride_lt, stride_lh,
-    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_HB: tl.constexpr,
-    HAS_EXTRA: tl.constexpr, HAS_SINK: tl.constexpr, DOT_FP32: tl.constexpr, BF16_RNE: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    ex_kv_ptr,
+    ex_idx_ptr,
+    sink_ptr,
+    out_ptr,
+    lse_ptr,
+    H,
+    n_kv,
+    n_ex,
+    topk,
+    topk_ex,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_it,
+    stride_ex,
+    stride_et,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_HB: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BF16_RNE: tl.constexpr,
 ):
     """q [t, H, D]; kv [n_kv, D]; idx int32 [t, topk]; ex_kv [n_ex, D]; ex_idx int32 [t, topk_ex]; sink fp32 [H];
     out [t, H, D]; lse fp32 [t, H]. Last dims contiguous; program id = token * NUM_HB + head block.
@@ -122,7 +165,19 @@ def _sparse_attn_kernel(
         ex_row = ex_idx_ptr + tok * stride_et
         for start in range(0, topk_ex, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
-                m_i, l_i, acc, q, ex_kv_ptr, ex_row, n_ex, stride_ex, start, topk_ex, qk_scale, offs_n, offs_d,
+                m_i,
+                l_i,
+                acc,
+                q,
+                ex_kv_ptr,
+                ex_row,
+                n_ex,
+                stride_ex,
+                start,
+                topk_ex,
+                qk_scale,
+                offs_n,
+                offs_d,
                 DOT_FP32,
             )
 
@@ -183,8 +238,10 @@ def _pow2_at_least_16(name: str, v: int) -> None:
 def _flat_cache(name: str, kv: torch.Tensor, d: int) -> torch.Tensor:
     """[n, d] or [blocks, bs, d] float cache -> [slots, d] with unit last stride (a view for contiguous caches)."""
     if kv.dtype not in (torch.bfloat16, torch.float32) or kv.dim() not in (2, 3) or kv.shape[-1] != d:
-        raise ValueError(f"{name}: expected a bf16/fp32 [n, {d}] or [blocks, bs, {d}] cache, got "
-                         f"{kv.dtype} {tuple(kv.shape)} (FP8 caches are not supported by this kernel)")
+        raise ValueError(
+            f"{name}: expected a bf16/fp32 [n, {d}] or [blocks, bs, {d}] cache, got "
+            f"{kv.dtype} {tuple(kv.shape)} (FP8 caches are not supported by this kernel)"
+        )
     flat = kv.reshape(-1, d)
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
@@ -265,14 +322,40 @@ def sparse_attn_triton(
     o_dst = out if out.stride(-1) == 1 else torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     num_hb = triton.cdiv(h, block_h)
     _sparse_attn_kernel[(t * num_hb,)](
-        q_c, kv_f, idx, ex_f, ex_idx, sink if sink is not None else lse_out, o_dst, lse_out,
-        h, kv_f.shape[0], ex_f.shape[0] if has_extra else 0, idx.shape[1], ex_idx.shape[1] if has_extra else 0,
+        q_c,
+        kv_f,
+        idx,
+        ex_f,
+        ex_idx,
+        sink if sink is not None else lse_out,
+        o_dst,
+        lse_out,
+        h,
+        kv_f.shape[0],
+        ex_f.shape[0] if has_extra else 0,
+        idx.shape[1],
+        ex_idx.shape[1] if has_extra else 0,
         float(softmax_scale) * 1.4426950408889634,
-        q_c.stride(0), q_c.stride(1), kv_f.stride(0), idx.stride(0), ex_f.stride(0), ex_idx.stride(0),
-        o_dst.stride(0), o_dst.stride(1), lse_out.stride(0), lse_out.stride(1),
-        D=d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_HB=num_hb, HAS_EXTRA=has_extra, HAS_SINK=sink is not None,
-        DOT_FP32=bool(dot_fp32), BF16_RNE=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
+        q_c.stride(0),
+        q_c.stride(1),
+        kv_f.stride(0),
+        idx.stride(0),
+        ex_f.stride(0),
+        ex_idx.stride(0),
+        o_dst.stride(0),
+        o_dst.stride(1),
+        lse_out.stride(0),
+        lse_out.stride(1),
+        D=d,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        NUM_HB=num_hb,
+        HAS_EXTRA=has_extra,
+        HAS_SINK=sink is not None,
+        DOT_FP32=bool(dot_fp32),
+        BF16_RNE=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if o_dst is not out:
         out.copy_(o_dst)

@@ -1,0 +1,127 @@
+"""The intranode fast path against the reference on the same inputs: dispatch bit-exact, combine within a bound.
+
+Runs on every rank of a process group whose `Buffer` uses the fast path (CPU: gloo + shared memory with
+DEEPINFER_DEEP_EP_BACKEND=triton and TRITON_INTERPRET=1; CUDA: NCCL + symmetric memory). The reference
+runs through `reference.py` directly over the same group. Inputs are random (fresh per seed), with -1
+holes, a token routed nowhere, and per-rank token counts that differ (rank 1 may have none).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.deep_ep import Buffer
+from deepinfer.deep_ep import reference as ref
+from deepinfer.deep_ep._comm import Comm
+from deepinfer.deep_ep.intranode import IntranodeNormal
+
+
+def random_routing(
+    counts: list[int], num_experts: int, k: int, hidden: int, seed: int, device: torch.device
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Per-rank bf16 x [t_r, hidden], topk_idx [t_r, k] (distinct experts, -1 holes), weights fp32 [t_r, k]."""
+    g = torch.Generator().manual_seed(seed)
+    xs, idxs, ws = [], [], []
+    for t in counts:
+        xs.append(torch.randn(t, hidden, generator=g).bfloat16().to(device))
+        idx = torch.rand(t, num_experts, generator=g).argsort(dim=1)[:, :k]
+        idx[torch.rand(t, k, generator=g) < 0.2] = -1
+        if t > 2:
+            idx[1] = -1  # a token routed nowhere
+        idxs.append(idx.to(device))
+        ws.append((torch.rand(t, k, generator=g) + 0.1).to(device))
+    return xs, idxs, ws
+
+
+def to_fp8(x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An (e4m3 [t, h], fp32 scales [t, h/128]) pair with random power-of-two scales."""
+    g = torch.Generator().manual_seed(seed)
+    sf = torch.exp2(torch.randint(-3, 4, (x.shape[0], x.shape[1] // 128), generator=g).float()).to(x.device)
+    return (x.float() / sf.repeat_interleave(128, dim=1)).to(torch.float8_e4m3fn), sf
+
+
+def same_bits(a: object, b: object) -> bool:
+    """Bitwise equality of tensors (or pairs of tensors), dtype and shape included."""
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(same_bits(p, q) for p, q in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def combine_bound(mag: torch.Tensor, world: int) -> torch.Tensor:
+    """|fast - reference| bound for combine when the two add the same rows in different fp32 orders.
+
+    mag: float32 [t, h], sum over ranks of |row|. Each side's fp32 sum is within (world - 1) * 2^-24 * mag
+    of the exact sum S, then rounds once to bf16 (one ulp <= 2^-7 |S| <= 2^-7 mag apart at most). With 2
+    ranks, or on CPU where both add in rank order, the results are equal (checked bitwise instead).
+    """
+    return 2.0**-7 * mag + 2 * (world - 1) * 2.0**-24 * mag
+
+
+def check_fast_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]) -> None:
+    """Dispatch (bf16, FP8 with fp32 or e8m0 scales), cached dispatch and combine (+ weights): fast vs reference."""
+    rank, world, dev = buf.rank, buf.group_size, buf_device(buf)
+    comm = Comm(buf.group)
+    xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
+    x, idx, w = xs[rank], idxs[rank], ws[rank]
+    x8 = to_fp8(x, seed + rank)
+    for payload in (x, x8, (x8[0], x8[1].to(torch.float8_e8m0fnu))):  # bf16, FP8 + fp32 / e8m0 scales
+        got = buf.dispatch(payload, topk_idx=idx, topk_weights=w, num_experts=num_experts, expert_alignment=3)
+        assert isinstance(buf._fast, IntranodeNormal), "the fast path did not run"
+        want = ref.dispatch(comm, payload, idx, w, num_experts, None, 3)
+        for i, name in enumerate(("recv_x", "recv_topk_idx", "recv_topk_weights")):
+            assert same_bits(got[i], want[i]), f"rank {rank}: {name} differs from the reference"
+        assert got[3] == want[3], f"rank {rank}: per-expert counts {got[3]} != {want[3]}"
+        h_got, h_want = got[4], want[4]
+        assert torch.equal(h_got.send_token_idx, h_want.send_token_idx) and torch.equal(
+            h_got.recv_src_idx, h_want.recv_src_idx
+        )
+        assert (h_got.send_counts, h_got.recv_counts) == (h_want.send_counts, h_want.recv_counts)
+    handle = got[4]
+    fresh = torch.randn(x.shape[0], 72, generator=torch.Generator().manual_seed(seed + 7 * rank)).to(dev)
+    cached, none_idx, _, _, _ = buf.dispatch(fresh, handle)
+    assert none_idx is None and same_bits(cached, ref.cached_dispatch(comm, fresh, handle))
+    n = handle.num_recv_tokens
+    y = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed + 13 * rank)).bfloat16().to(dev)
+    rw = torch.rand(n, k, generator=torch.Generator().manual_seed(seed + 17 * rank)).to(dev)
+    got_y, got_w = buf.combine(y, handle, topk_weights=rw)
+    want_y, want_w = ref.combine(comm, y, handle, rw)
+    assert same_bits(got_w, want_w), f"rank {rank}: combined weights differ"
+    if dev.type == "cpu" or world == 2:  # the same fp32 additions in the same order (or commutative)
+        assert same_bits(got_y, want_y), f"rank {rank}: combined x differs from the reference"
+    else:  # CUDA reference: index_add_ with atomics, an unspecified order for 3+ ranks
+        mag = ref.combine(comm, y.float().abs(), handle, None)[0]
+        err = (got_y.float() - want_y.float()).abs()
+        assert bool((err <= combine_bound(mag, world)).all()), f"rank {rank}: combine exceeds the bound"
+    assert same_bits(buf.combine(y, handle), got_y), f"rank {rank}: combine without weights differs"
+
+
+def check_bad_input_raises_everywhere(buf: Buffer, num_experts: int) -> None:
+    """A bad id, or a wrong is_token_in_rank, on rank 0 only: every rank raises (none waits), then all recover."""
+    x, idx, w = torch.ones(4, 128).bfloat16(), torch.tensor([[0, 1]] * 4), torch.ones(4, 2)
+    bad = idx.clone()
+    if buf.rank == 0:
+        bad[2, 1] = num_experts + 3
+    layout = buf.get_dispatch_layout(idx, num_experts)[2]
+    wrong = layout.clone()
+    if buf.rank == 0:
+        wrong[0] = ~wrong[0]
+    for kwargs, msg in (({"topk_idx": bad}, "expected expert ids"), ({"is_token_in_rank": wrong}, r"rank\(s\) \[0\]")):
+        args = {"topk_idx": idx, "topk_weights": w, "num_experts": num_experts, **kwargs}
+        try:
+            buf.dispatch(x, **args)
+        except ValueError as exc:
+            assert re.search(msg, str(exc)), (msg, str(exc))
+        else:
+            raise AssertionError(f"rank {buf.rank}: no ValueError for {msg}")
+    got = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=num_experts)[0]
+    assert got.shape[0] == (4 * buf.group_size if buf.rank == 0 else 0)
+
+
+def buf_device(buf: Buffer) -> torch.device:
+    """The device this rank's tensors live on: its CUDA device under NCCL, else the CPU."""
+    if torch.cuda.is_available() and "nccl" in str(dist.get_backend(buf.group)).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,19 @@
+"""The intranode fast path on 2+ GPUs (NCCL + torch symmetric memory) against the NCCL reference.
+
+Dispatch (bf16, FP8, cached) must be bit-identical to the reference; combine too with 2 ranks (two fp32
+additions commute), within `ep_fast.combine_bound` with more. Both row movers (Triton, torch) run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ep_worker import launch
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_fast_path_two_gpus_matches_reference() -> None:
+    launch(2, seed=51, timeout_s=240.0, env=NO_MULTICAST, scenario="cuda")

@@ -1,0 +1,66 @@
+"""Triton selection behind the public API: split rows (few long rows), else v3, else v2, else v1.
+
+The API calls these only on CUDA tensors (or CPU tensors when the Triton backend is forced under
+TRITON_INTERPRET=1). Row-wise calls with too few rows to fill the GPU (`triton_split.choose_segments`) cut each
+row into segments (`triton_split.py`, CUDA only); everything else runs v3 (`triton_filter.py`). Should a kernel
+fail (compile or launch) on some Triton version, its first failure is reported once as a RuntimeWarning and the
+next one serves from then on: split -> v3 -> v2 -> the GPU-validated v1 (row-wise calls only: ragged calls need
+`starts`, which v1 lacks, so they raise).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from .triton_filter import topk_triton_v3
+from .triton_select import topk_triton_v2
+from .triton_split import choose_segments, topk_triton_split
+from .triton_topk import topk_triton
+
+__all__ = ["select_indices"]
+
+_FAILED: dict[str, str] = {}  # kernel name -> its first failure (that kernel is skipped from then on)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _segments(scores: torch.Tensor, k: int, starts: torch.Tensor | None) -> int:
+    if starts is not None or scores.device.type != "cuda":
+        return 1
+    return choose_segments(scores.shape[0], scores.shape[1], k, _num_sms(scores.device.index or 0))
+
+
+def select_indices(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    lengths: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Unsorted top-k ids int32 [b, k] of scores [b, n] (-1 padded), as `topk_triton_v3`."""
+    segments = _segments(scores, k, starts)
+    kernels = {
+        "split": lambda: topk_triton_split(scores, k, segments, lengths=lengths, out=out),
+        "v3": lambda: topk_triton_v3(scores, k, lengths=lengths, starts=starts, out=out),
+        "v2": lambda: topk_triton_v2(scores, k, lengths=lengths, starts=starts, out=out),
+    }
+    if segments == 1:
+        del kernels["split"]
+    for name, run in kernels.items():
+        if name in _FAILED:
+            continue
+        try:
+            return run()
+        except Exception as exc:  # compile / launch failure of a new kernel: fall back to the next one
+            _FAILED[name] = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"deep_select: Triton top-k {name} failed: {_FAILED[name]}", RuntimeWarning, stacklevel=2)
+    if starts is not None:
+        raise RuntimeError(f"deep_select: ragged top-k needs the v3 or v2 kernel, which failed: {_FAILED}")
+    return topk_triton(scores, k, lengths=lengths, out=out)

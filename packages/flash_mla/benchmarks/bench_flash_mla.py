@@ -1,0 +1,279 @@
+"""flash_mla benchmark on V4-Flash shapes: sparse decode and prefill, Triton kernels against the reference.
+
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --out RESULT.json   # GPU, issue 5 shapes (< 120 s)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --smoke             # CPU, tiny shapes (interpreter)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table
+
+Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in {1, 2, 32, 64, 128, 256} x s_q in
+{1, 2, 4} (2 and 64 only at s_q = 2, FlashMLA's measured points), 640 indices per query token: the request's 128
+window rows plus 512 distinct random rows of its 16,384 compressed rows (CSA at 64K context), about 3 % of
+positions set to -1; HCA at 1M context: 128 window + all 8,192 compressed rows of the request, b in {1, 32}.
+Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4
+compressed rows), one cache, about 3 % holes.
+
+Implementations, timed in the same run: `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on
+the 584-byte FP8 rows), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather +
+fp32 softmax, BF16 cache). TFLOPS = 2 * 64 * (valid indices) * (512 + 512) / time (the issue's formula);
+bytes = q + out (bf16) + indices + one cache row per valid index (1,024 B BF16, 584 B FP8), as FlashMLA counts.
+Timing: kernelkit.bench_cuda (CUDA events, 256 MiB L2 flush before every call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+_PKG = pathlib.Path(__file__).resolve().parents[1]
+for _p in (_PKG / "src", _PKG.parent / "kernelkit" / "src"):  # source tree first, as the root conftest does
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import torch  # noqa: E402
+
+H, D = 64, 512
+SCALE = D**-0.5
+HOLE_FRAC = 0.03
+# DeepSeek's FlashMLA (last Hopper release 9241ae3) on this H200, its own harness; /work/shared/reference/
+# h200-ceilings.md: decode s_q = 2, 128 + 512 indices, FP8 cache; prefill BF16, 640 indices.
+FLASHMLA_H200 = {
+    ("decode", 2, 2, 640): (22.0, 15.2),
+    ("decode", 64, 2, 640): (218.0, 49.3),
+    ("decode", 128, 2, 640): (230.0, 93.2),
+    ("decode", 256, 2, 640): (243.0, 176.6),
+    ("prefill", 4096, 1, 640): (492.0, None),
+    ("prefill", 16384, 1, 640): (509.0, None),
+}
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _holes(idx: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    drop = torch.rand(idx.shape, generator=g, device=idx.device) < HOLE_FRAC
+    return torch.where(drop, torch.full_like(idx, -1), idx)
+
+
+def decode_indices(b: int, s_q: int, n_comp: int, k_comp: int, win: int, region: int, g: torch.Generator):
+    """int32 [b, s_q, win + k_comp]: request r owns slots [r * region, (r + 1) * region): its `win` window rows
+    first, then `n_comp` compressed rows; each query token names the whole window and k_comp random distinct
+    compressed rows (all of them when k_comp == n_comp, HCA), in random order, ~3 % holes."""
+    dev = g.device
+    base = (torch.arange(b, device=dev) * region).view(b, 1, 1)
+    window = torch.arange(win, device=dev).view(1, 1, win).expand(b, s_q, win)
+    if k_comp == n_comp:
+        comp = torch.arange(n_comp, device=dev).view(1, 1, -1).expand(b, s_q, n_comp)
+    else:
+        comp = torch.rand(b, s_q, n_comp, generator=g, device=dev).topk(k_comp, dim=-1).indices
+    idx = torch.cat([window, win + comp], dim=-1) + base
+    perm = torch.rand(idx.shape, generator=g, device=dev).argsort(dim=-1)
+    return _holes(torch.gather(idx, -1, perm).to(torch.int32), g)
+
+
+def prefill_indices(t: int, k_comp: int, win: int, g: torch.Generator) -> tuple[torch.Tensor, int]:
+    """int32 [t, win + k_comp] into one cache of win + max(k_comp, t // 4) rows (window rows first), ~3 % holes."""
+    dev = g.device
+    n_comp = max(k_comp, t // 4)
+    window = torch.arange(win, device=dev).view(1, win).expand(t, win)
+    comp = torch.rand(t, n_comp, generator=g, device=dev).topk(k_comp, dim=-1).indices + win
+    return _holes(torch.cat([window, comp], dim=-1).to(torch.int32), g), win + n_comp
+
+
+def _impls(fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, variants: list[tuple[str, dict]]):
+    """name -> fn(q3, cache_bf16, idx2, sink) returning (out, lse)."""
+    from deepinfer.flash_mla import reference as ref
+    from deepinfer.flash_mla.backends.cuda import triton_sparse_attn as old
+    from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
+
+    fns = {"split": lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE)}
+    if fp8_cache is not None:
+        fns["split_fp8"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, fp8_cache, i, s, SCALE)
+    if legacy:
+        fns["legacy"] = lambda q, c, i, s: old.sparse_attn_triton(q, c, i, s, SCALE)
+    for name, kw in variants:
+        fns[name] = lambda q, c, i, s, kw=kw: new.sparse_attn_split_triton(q, c, i, s, SCALE, **kw)
+    if reference:
+        fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE)
+    return fns
+
+
+def _variants(op: str, b: int, s_q: int, smoke: bool) -> list[tuple[str, dict]]:
+    """Other tile shapes / split counts of the split kernel on a few shapes (tuning data for the next change)."""
+    tiles = [  # default (H, 32, 8, 3)
+        ("split_st4", dict(config=(H, 32, 8, 4))),
+        ("split_bn16_st6", dict(config=(H, 16, 8, 6))),
+        ("split_bn64_st2", dict(config=(H, 64, 8, 2))),
+    ]
+    if smoke:
+        return [("split_bn16", dict(config=(H, 16, 4, 1)))] if (op, b) == ("decode", 1) else []
+    if (op, b, s_q) in (("decode", 128, 2), ("prefill", 4096, 1)):
+        return tiles
+    if (op, b, s_q) == ("decode_hca1m", 1, 1):  # auto: 130 splits of 2 tiles
+        return [("split_s33", dict(num_splits=33)), ("split_s65", dict(num_splits=65)), tiles[0]]
+    if (op, s_q) == ("decode", 1) and b in (1, 32):  # auto: 10 splits at b = 1, 4 at b = 32
+        return [(f"split_s{n}", dict(num_splits=n)) for n in ((5, 20) if b == 1 else (1, 2, 8))]
+    return []
+
+
+def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, fp8: torch.Tensor | None, cfg):
+    """Time every implementation on one shape; returns one record per implementation."""
+    import kernelkit as kk
+
+    t, k = idx.shape[0] * (idx.shape[1] if idx.dim() == 3 else 1), idx.shape[-1]
+    idx2 = idx.reshape(t, k)
+    g = torch.Generator(device=cache.device).manual_seed(t * 7 + k)
+    q = torch.randn(t, H, D, generator=g, device=cache.device).bfloat16()
+    sink = torch.randn(H, generator=g, device=cache.device)
+    valid = int((idx2 >= 0).sum())  # host read outside the timed region
+    flops = 2 * H * valid * (D + D)
+    fixed = 2 * t * H * D * 2 + idx2.numel() * 4
+    shape = f"b={b} s_q={s_q} k={k}" if op != "prefill" else f"t={t} k={k}"
+    recs, ref_out = [], None
+    for name, fn in _impls(fp8, cfg["legacy"], cfg["reference"], _variants(op, b, s_q, cfg["smoke"])).items():
+        rec = {"op": op, "shape": shape, "impl": name, "b": b, "s_q": s_q, "t": t, "topk": k, "valid": valid}
+        try:
+            slow = name == "reference"
+            st = kk.bench_cuda(
+                lambda fn=fn: fn(q, cache, idx2, sink),
+                warmup=1 if slow else cfg["warmup"],
+                rep=cfg["rep_ref"] if slow else cfg["rep"],
+            )
+            us = st["median_us"]
+            row_bytes = 584 if name.endswith("fp8") else 2 * D
+            out, _ = fn(q, cache, idx2, sink)
+            if ref_out is None and name == "reference":
+                ref_out = out
+            rec.update(median_us=us, p10=st["p10"], p90=st["p90"], tflops=kk.tflops(flops, us))
+            rec["gbps"] = kk.gbps(fixed + valid * row_bytes, us)
+            rec["pct_bf16_tflops"] = kk.pct_of(rec["tflops"], kk.H200_CEILINGS["bf16_tflops"])
+            rec["pct_hbm_copy"] = kk.pct_of(rec["gbps"], kk.H200_CEILINGS["hbm_copy_gbps"])
+            rec["_out"] = out
+        except Exception as exc:  # record and go on: one failing case must not lose the others
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        recs.append(rec)
+        _log(f"  {op} {shape} {name}: {_summary(rec)}")
+    _finish_case(recs, ref_out, (op, b if op != "prefill" else t, s_q if op != "prefill" else 1, k))
+    return recs
+
+
+def _summary(rec: dict) -> str:
+    if "error" in rec:
+        return rec["error"]
+    return f"{rec['median_us']:.1f} us {rec['tflops']:.1f} TFLOPS {rec['gbps']:.0f} GB/s"
+
+
+def _finish_case(recs: list[dict], ref_out: torch.Tensor | None, key: tuple) -> None:
+    """Speed-ups vs every baseline of the same case, error vs the reference, FlashMLA's H200 numbers."""
+    times = {r["impl"]: r["median_us"] for r in recs if "median_us" in r}
+    fm = FLASHMLA_H200.get(key)
+    for r in recs:
+        out = r.pop("_out", None)
+        if "median_us" not in r:
+            continue
+        for base in ("reference", "legacy"):
+            if base in times and base != r["impl"]:
+                r[f"x_vs_{base}"] = times[base] / r["median_us"]
+        if out is not None and ref_out is not None and r["impl"] != "reference":
+            r["max_abs_err_vs_ref"] = float((out.float() - ref_out.float()).abs().max())
+        if fm is not None:
+            r["flashmla_h200_tflops"], r["flashmla_h200_us"] = fm
+            r["x_vs_flashmla"] = r["tflops"] / fm[0]
+
+
+def _cases(smoke: bool):
+    """(op, b, s_q, n_comp, k_comp, win) decode cases and (t, k_comp, win) prefill cases."""
+    if smoke:
+        return [("decode", 1, 2, 48, 24, 8), ("decode", 3, 1, 16, 16, 8)], [(8, 24, 8)]
+    dec = [("decode", b, s, 16384, 512, 128) for b in (1, 32, 128, 256) for s in (1, 2, 4)]
+    dec += [("decode", 2, 2, 16384, 512, 128), ("decode", 64, 2, 16384, 512, 128)]
+    dec += [("decode_hca1m", b, s, 8192, 8192, 128) for b in (1, 32) for s in (1, 2)]
+    return dec, [(4096, 512, 128), (16384, 512, 128)]
+
+
+def run(smoke: bool, out_path: str | None) -> list[dict]:
+    import kernelkit as kk
+    from deepinfer.flash_mla import api
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dict(warmup=1, rep=2, rep_ref=2, legacy=True, reference=True, smoke=smoke) if smoke else dict(
+        warmup=3, rep=20, rep_ref=3, legacy=True, reference=True, smoke=smoke)  # fmt: skip
+    g = torch.Generator(device=dev).manual_seed(0)
+    dec, pre = _cases(smoke)
+    region = max(c[3] + c[5] for c in dec)
+    b_max = max(c[1] for c in dec)
+    t0 = time.time()
+    cache = torch.randn(b_max * region, D, generator=g, device=dev).bfloat16()
+    fp8 = api.pack_fp8_kv(cache)
+    _log(f"caches: {b_max} x {region} rows ({cache.numel() * 2 / 1e9:.2f} GB bf16) in {time.time() - t0:.1f} s")
+    records: list[dict] = []
+    meta = {"package": "flash_mla", "smoke": smoke, "heads": H, "d": D, "hole_frac": HOLE_FRAC}
+    for op, b, s_q, n_comp, k_comp, win in dec:
+        idx = decode_indices(b, s_q, n_comp, k_comp, win, region, g)
+        cfg["legacy"] = op == "decode"
+        records += run_case(op, b, s_q, idx, cache, fp8, cfg)
+        if out_path:
+            kk.write_results_json(out_path, records, meta)
+    del fp8, cache
+    for t, k_comp, win in pre:
+        idx, rows = prefill_indices(t, k_comp, win, g)
+        pcache = torch.randn(rows, D, generator=g, device=dev).bfloat16()
+        cfg["legacy"] = True
+        records += run_case("prefill", t, 1, idx, pcache, None, cfg)
+        if out_path:
+            kk.write_results_json(out_path, records, meta)
+    _log(f"done in {time.time() - t0:.1f} s")
+    return records
+
+
+def table(path: str) -> str:
+    """Markdown table of a saved result file (README's Benchmarks section)."""
+    recs = json.loads(pathlib.Path(path).read_text())["records"]
+    lines = [
+        "| op | shape | impl | time (us) | TFLOPS | GB/s | % bf16 peak | % HBM copy | x reference | x legacy "
+        "| FlashMLA H200 TFLOPS (us) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error'][:60]} | | | | | | | |")
+            continue
+        fm = r.get("flashmla_h200_tflops")
+        fm_s = f"{fm:.0f} ({r['flashmla_h200_us']})" if fm is not None and r.get("flashmla_h200_us") else (
+            f"{fm:.0f}" if fm is not None else "")  # fmt: skip
+        xr, xl = r.get("x_vs_reference"), r.get("x_vs_legacy")
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f} | {r['gbps']:.0f} "
+            f"| {r['pct_bf16_tflops']:.0f} | {r['pct_hbm_copy']:.0f} | {f'{xr:.1f}' if xr else ''} "
+            f"| {f'{xl:.2f}' if xl else ''} | {fm_s} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the JSON results here")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes; on CPU through the Triton interpreter")
+    ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
+    args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.smoke:
+        global H
+        H = 16  # the interpreter is slow; FP8 rows fix d = 512
+    if not torch.cuda.is_available():
+        if not args.smoke:
+            ap.error("no CUDA device: only --smoke (Triton interpreter) or --table run here")
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
+    recs = run(args.smoke, args.out)
+    failed = [r for r in recs if "error" in r]
+    _log(f"{len(recs)} records, {len(failed)} failed" + (f"; results in {args.out}" if args.out else ""))
+    return 1 if failed and args.smoke else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Route a validated sparse-attention call to a Triton kernel or the reference (api.py calls this).
+
+`backend(q.device)` decides between "triton" and "reference" (DEEPINFER_FLASH_MLA_BACKEND forces either).
+On the Triton backend:
+
+* bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn` (all heads per program,
+  split-KV for few tokens): the fast path, used for prefill and decode alike;
+* fp32 q or an fp32 cache, no FP8 cache: `triton_sparse_attn` with fp32 dot operands (exact fp32 products);
+* fp32 mixed with an FP8 cache, or a head dim that is not a power of two >= 16: the reference.
+
+Under TRITON_INTERPRET=1 (CPU tests) every dtype goes to `triton_split_attn` (fp32 dot operands there).
+Nothing here reads tensor values: the route depends on dtypes, shapes and the device only (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import types
+
+import torch
+
+from . import reference as _ref
+from ._backend import backend
+
+_KERNELS = __package__ + ".backends.cuda."
+
+
+def _kernel(name: str) -> types.ModuleType:
+    """The kernel module, imported on first use (Triton is optional; CPU-only installs never import it)."""
+    return importlib.import_module(_KERNELS + name)
+
+
+def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
+    """The path of a call with these tensors: "split", "legacy" or "reference" (see the module docstring)."""
+    if backend(q.device) != "triton":
+        return "reference"
+    d = q.shape[-1]
+    if d < 16 or d & (d - 1):
+        return "reference"
+    caches = [kv] if extra_kv is None else [kv, extra_kv]
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "split"
+    if q.dtype == torch.bfloat16 and all(c.dtype in (torch.bfloat16, torch.uint8) for c in caches):
+        return "split"
+    if any(c.dtype == torch.uint8 for c in caches):
+        return "reference"
+    return "legacy"
+
+
+def sparse_attn(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sink: torch.Tensor | None,
+    scale: float,
+    extra_kv: torch.Tensor | None,
+    extra_indices: torch.Tensor | None,
+    out: torch.Tensor | None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [t, h, d]; indices [t, k] (+ extra [t, k2]); out None or [t, h, d] q.dtype (filled in place).
+
+    Returns (out [t, h, d] q.dtype, lse fp32 [t, h]) from the routed implementation.
+    """
+    path = route(q, kv, extra_kv)
+    kw = dict(extra_kv=extra_kv, extra_indices=extra_indices, out=out)
+    if path == "split":
+        return _kernel("triton_split_attn").sparse_attn_split_triton(
+            q, kv, indices, sink, scale, num_splits=num_splits, **kw
+        )
+    if path == "legacy":
+        return _kernel("triton_sparse_attn").sparse_attn_triton(q, kv, indices, sink, scale, **kw)
+    o, lse = _ref.sparse_attn(q, kv, indices, sink, scale, extra_kv, extra_indices)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse
