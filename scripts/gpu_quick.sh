@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Session runner for the device tool: editable CUDA installs, then parts run in lanes (one lane per GPU, in
+# parallel), then parts that need every GPU. Logs and JSON go to $WORK (default build/gpu-quick) and are packed
+# into $OUT/all.tgz (the device tool brings back at most 8 files); a summary goes to stdout.
+#
+#   bash scripts/gpu_quick.sh "<lane0 parts>" ["<lane1 parts>"] ["<parts after both lanes>"]
+#
+# Parts (space-separated inside a lane; ':' joins a part's arguments with commas):
+#   tests:<name>:<path,path,...>   pytest -m "gpu or multigpu" over the paths -> tests-<name>.log
+#   engine                         benchmarks/bench_engine_v4flash.py -> engine.json / engine.log
+#   profile                        benchmarks/profile_engine_decode.py (batch 32) -> profile.json / profile.log
+#   bench:<pkg>                    packages/<pkg>/benchmarks/bench_<pkg>.py -> bench-<pkg>.json / .log
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+WORK=${WORK:-build/gpu-quick}
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+
+for p in tile_kernels deep_select flash_mla deep_gemm deep_ep engine kernelkit; do
+  DEEPINFER_DEVICE=cuda python3 -m pip install -q --no-build-isolation --no-deps -e "packages/$p" \
+    >>"$WORK/install.log" 2>&1 || echo "install $p failed (see install.log)"
+done
+
+part() {  # part <spec>: run one part, print a short summary
+  local spec=$1 kind rest name paths pkg
+  kind=${spec%%:*}
+  rest=${spec#*:}
+  case "$kind" in
+    tests)
+      name=${rest%%:*}
+      paths=${rest#*:}
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -m "gpu or multigpu" -p no:cacheprovider ${paths//,/ } \
+        >"$WORK/tests-$name.log" 2>&1
+      echo "== tests $name rc=$?"
+      grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$WORK/tests-$name.log" | tail -25 ;;
+    engine)
+      timeout 420 python3 benchmarks/bench_engine_v4flash.py --out "$WORK/engine.json" >"$WORK/engine.log" 2>&1
+      echo "== engine rc=$?"
+      grep -E "^(hf|deepinfer) b=" "$WORK/engine.log" | cut -c1-110 ;;
+    profile)
+      timeout 300 python3 benchmarks/profile_engine_decode.py --batches 32 --out "$WORK/profile.json" 2>&1 |
+        grep -v -E "^USDT|Warning|warn" >"$WORK/profile.log"
+      echo "== profile rc=$?"
+      grep "== b=" "$WORK/profile.log" | cut -c1-300 ;;
+    bench)
+      pkg=$rest
+      timeout 300 python3 "packages/$pkg/benchmarks/bench_$pkg.py" --out "$WORK/bench-$pkg.json" \
+        >"$WORK/bench-$pkg.log" 2>&1
+      echo "== bench $pkg rc=$?"
+      tail -2 "$WORK/bench-$pkg.log" | cut -c1-200 ;;
+    *) echo "== unknown part $spec" ;;
+  esac
+}
+
+lane() {  # lane <gpu> <name> <parts...>: run parts in order on one GPU, output to lane-<name>.out
+  local gpu=$1 name=$2
+  shift 2
+  for spec in "$@"; do CUDA_VISIBLE_DEVICES=$gpu part "$spec"; done >"$WORK/lane-$name.out" 2>&1
+}
+
+T0=$(date +%s)
+read -r -a L0 <<<"${1:-}"
+read -r -a L1 <<<"${2:-}"
+read -r -a AFTER <<<"${3:-}"
+if ((NGPU >= 2)); then
+  lane 0 a "${L0[@]}" &
+  lane 1 b "${L1[@]}" &
+  wait
+else  # one GPU: the lanes run one after the other
+  lane 0 a "${L0[@]}"
+  lane 0 b "${L1[@]}"
+fi
+cat "$WORK"/lane-*.out
+for spec in "${AFTER[@]}"; do part "$spec"; done
+echo "== done in $(($(date +%s) - T0)) s on $NGPU GPU(s)"
+if [[ -n "${OUT:-}" ]]; then tar czf "$OUT/all.tgz" -C "$WORK" . && echo "packed $OUT/all.tgz"; fi
