@@ -134,5 +134,5 @@ def test_fused_gpu_paged_long() -> None:
     cache = torch.randint(-3, 4, (num_blocks, rpb, d), generator=g).to(torch.bfloat16)
     visible = torch.randint(0, n + 1, (16,), generator=g, dtype=torch.int32)
     got = indexer_topk_fused(*_dev(q, w, cache), k, visible=_dev(visible)[0], block_table=_dev(table)[0])
-    want = ref.indexer_topk(q, w, cache, k, visible, None, table, None)
+    want = ref.indexer_topk(q, w, cache, k, visible, None, table, rpb)
     assert torch.equal(_as_set(got), _as_set(want))

@@ -114,7 +114,7 @@ def _assert_close_to(
     """|out - ref| <= out_tol ([t, h, 1]); same -inf lse pattern; |lse - ref| <= lse_tol where finite."""
     (o, s), (ro, rs) = got, ref
     assert torch.isfinite(o).all(), "output holds NaN/inf"
-    err = (o.double() - ro.double()).abs().cpu()
+    err = (o.double().cpu() - ro.double().cpu()).abs()  # either may live on the GPU
     assert bool((err <= out_tol).all()), f"out error over the bound by {float((err - out_tol).max()):.3e}"
     s, rs = s.cpu().double(), rs.cpu().double()
     assert torch.equal(torch.isneginf(s), torch.isneginf(rs)), "lse -inf pattern differs"

@@ -39,6 +39,12 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
+
+def _ieee_div(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c correctly rounded on every device. (PyTorch's CUDA division by a Python / CPU scalar multiplies by
+    the rounded reciprocal instead, which can differ in the last bit; dividing by a same-device tensor does not.)"""
+    return x / torch.full_like(x, c)
+
 def ue8m0_exponent(amax: torch.Tensor, inv_max: float) -> torch.Tensor:
     """Scale exponent e = ceil(log2(amax * fp32(inv_max))) read from the fp32 bits of the product.
 
@@ -148,7 +154,7 @@ def per_token_group_quant_fp8(
         q, e = fp8_quant_ue8m0(x, group_size)
         return q, exp2_int(e)
     xb = _blocks(x, group_size)
-    scale = xb.abs().amax(dim=-1).clamp_min(FP8_AMAX_FLOOR) / FP8_E4M3_MAX
+    scale = _ieee_div(xb.abs().amax(dim=-1).clamp_min(FP8_AMAX_FLOOR), FP8_E4M3_MAX)
     return cast_e4m3_saturate(xb / scale.unsqueeze(-1)).reshape(x.shape), scale
 
 
@@ -179,7 +185,7 @@ def fp8_block_quant(
         y = tiles * exp2_int(-e)[:, None, :, None]
         scale = exponent_to_e8m0(e)
     else:
-        scale = amax / FP8_E4M3_MAX
+        scale = _ieee_div(amax, FP8_E4M3_MAX)
         y = tiles / scale[:, None, :, None]
     q = cast_e4m3_saturate(y).reshape(tiles.shape[0] * block[0], -1)[:n, :k]
     return q.contiguous(), scale
