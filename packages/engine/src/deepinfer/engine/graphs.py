@@ -15,6 +15,7 @@ from dataclasses import fields
 import torch
 
 from .model.batch import StepBatch
+from .model.batch_decode import build_decode_host
 from .sequence import SeqChunk
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
@@ -62,7 +63,13 @@ class DecodeGraphs:
     def _batch(self, chunks: list[SeqChunk], size: int, on_host: bool = False) -> StepBatch:
         dummy = self.runner.cache.dummy_slot
         pad = [SeqChunk(dummy, [0], 0, "last")] * (size - len(chunks))
-        return self.runner.step_batch([*chunks, *pad], static_width=True, on_host=on_host)
+        if on_host:  # the per-step path: numpy, a few vectorised ops (same tensors as step_batch builds)
+            every = [*chunks, *pad]
+            return build_decode_host(
+                self.runner.cache, [c.token_ids[0] for c in every], [c.start_pos for c in every],
+                [c.slot for c in every], self.runner.model.compress_ratios,
+            )
+        return self.runner.step_batch([*chunks, *pad], static_width=True)
 
     def _capture(self, size: int) -> None:
         model, cache = self.runner.model, self.runner.cache
