@@ -104,7 +104,9 @@ def plan_split(n: int, k: int, block_n: int = BLOCK_N, block_k: int = BLOCK_K) -
 
 def applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """CUDA bf16 operands and output (plain or grouped form), 1 <= m <= MAX_M, unit inner strides, contiguous out,
-    not disabled by DEEPINFER_DEEP_GEMM_SMALLM=0."""
+    and opted in with DEEPINFER_DEEP_GEMM_SMALLM=1. Off by default: on the H200 (GPU time from CUDA-graph replays,
+    benchmarks/results/2026-11-30-bench-deep_gemm.json) it ran 0.6-1.05x cuBLAS on V4's decode shapes (cuBLAS
+    reaches 1.1-2.8 TB/s there; an earlier eager timing that suggested otherwise was measuring launch overhead)."""
     return (
         a.is_cuda
         and a.dtype == b.dtype == out.dtype == torch.bfloat16
@@ -112,7 +114,7 @@ def applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
         and a.stride(-1) == 1
         and b.stride(-1) == 1
         and out.is_contiguous()
-        and os.environ.get("DEEPINFER_DEEP_GEMM_SMALLM", "1") != "0"
+        and os.environ.get("DEEPINFER_DEEP_GEMM_SMALLM", "0") == "1"
     )
 
 

@@ -69,9 +69,11 @@ def parse_config(name: str) -> W4A16Config:
 # Decode default: measured best of num_warps 2/4/8 and stages 2/3/4 on an H200 (Triton 3.6) for 8 experts x
 # 1 row, n = 4096, k = 2048..4096, before the prefill tiles existed.
 DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3)
-# Prefill default (NOT yet measured: the lead picks from the benchmark's sweep): 128 x 128 tiles, 8 warps
-# (two warpgroups of 64 weight rows each for wgmma), 3 stages = 3 x (16 KiB weights + 32 KiB a) of smem.
-PREFILL = W4A16Config(128, 128, 128, num_warps=8, num_stages=3)
+# Prefill default: 128 x 128 tiles, 8 warps (two warpgroups of 64 weight rows each for wgmma), 3 stages, kernel 2
+# (activations straight to shared memory, one dot in natural k order). Measured on the H200 (Triton 3.6,
+# benchmarks/results/2026-11-30-bench-deep_gemm.json): fastest of the five swept prefill configs on all four
+# prefill cases (e.g. 32 x 256 tokens gate+up: 7.2 ms vs 7.8 ms for kernel 1 with the same tiles).
+PREFILL = W4A16Config(128, 128, 128, num_warps=8, num_stages=3, kernel=2)
 MID = W4A16Config(64, 128, 128, num_warps=4, num_stages=3)  # 17..96 rows per group
 
 # What the benchmark times per regime (every one is also a `gpu` test); the defaults are among them.
@@ -87,7 +89,7 @@ SWEEP: dict[str, tuple[W4A16Config, ...]] = {
         MID,
         W4A16Config(128, 64, 128, num_warps=4, num_stages=3),
         W4A16Config(64, 64, 128, num_warps=4, num_stages=4),
-        W4A16Config(128, 128, 128, num_warps=8, num_stages=3, kernel=2),  # a straight to smem, one dot
+        W4A16Config(128, 128, 128, num_warps=8, num_stages=3),  # kernel 1 with the prefill tiles
     ),
 }
 

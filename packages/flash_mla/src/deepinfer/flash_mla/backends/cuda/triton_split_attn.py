@@ -284,18 +284,18 @@ def _interpreting() -> bool:
 def default_split_config(h: int, d: int, *, fp8: bool = False) -> tuple[int, int, int, int]:
     """(block_h, block_n, num_warps, num_stages) for h heads of dim d (fp8: an FP8 cache is involved).
 
-    block_h: all heads of a token up to 64 (tl.dot needs M >= 16). For d = 512 on sm_90a (read from Triton
-    3.9's ahead-of-time compile; not measured on the H200 yet): the fp32 accumulator [64, 512] is 128 registers
-    per thread over 8 warps (255 used, 90-160 bytes of spill, 350 with FP8 rows dequantised in registers);
-    q [64, 512] bf16 (64 KiB) and three cp.async buffers of [32, 512] bf16 rows take 160 KiB of shared memory
-    (FP8: 192 KiB), so two tiles' gathers are in flight while a third is multiplied. block_n = 64 with two
-    stages spills more (360 bytes) and keeps only one tile in flight.
+    block_h: all heads of a token up to 64 (tl.dot needs M >= 16). For d = 512 the fp32 accumulator [64, 512] is
+    128 registers per thread over 8 warps. Measured on the H200 (Triton 3.6, 2026-11-30,
+    benchmarks/results/2026-11-30-bench-flash_mla.json) with BF16 caches: 64-row tiles with two cp.async stages
+    beat 32-row tiles with three (decode b=128 s_q=2: 107 vs 122 us; prefill 4,096 queries: 1,331 vs 1,825 us)
+    and 16-row tiles (175 / 2,647 us). FP8 rows are dequantised in registers (more pressure) and were only
+    measured at 32 x 3, so they keep it.
     """
-    del fp8  # same tiles today; kept so FP8-specific tuning does not change the call sites
     block_h = max(16, min(64, triton.next_power_of_2(h)))
-    block_n = 32 if d >= 512 else 64
     num_warps = 8 if block_h * d >= 64 * 256 else 4
-    return block_h, block_n, num_warps, 3
+    if d >= 512 and fp8:
+        return block_h, 32, num_warps, 3
+    return block_h, 64, num_warps, 2 if d >= 512 else 3
 
 
 @functools.cache
