@@ -56,7 +56,8 @@ part() {  # part <spec>: run one part, print a short summary
 lane() {  # lane <gpu> <name> <parts...>: run parts in order on one GPU, output to lane-<name>.out
   local gpu=$1 name=$2
   shift 2
-  for spec in "$@"; do CUDA_VISIBLE_DEVICES=$gpu part "$spec"; done >"$WORK/lane-$name.out" 2>&1
+  # tee: the summaries reach stdout as they happen, so a run cut off at its time limit still reports them
+  for spec in "$@"; do CUDA_VISIBLE_DEVICES=$gpu part "$spec"; done 2>&1 | tee "$WORK/lane-$name.out"
 }
 
 T0=$(date +%s)
@@ -71,7 +72,6 @@ else  # one GPU: the lanes run one after the other
   lane 0 a "${L0[@]}"
   lane 0 b "${L1[@]}"
 fi
-cat "$WORK"/lane-*.out
 for spec in "${AFTER[@]}"; do part "$spec"; done
 echo "== done in $(($(date +%s) - T0)) s on $NGPU GPU(s)"
 if [[ -n "${OUT:-}" ]]; then tar czf "$OUT/all.tgz" -C "$WORK" . && echo "packed $OUT/all.tgz"; fi
