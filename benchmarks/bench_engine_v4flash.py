@@ -90,7 +90,9 @@ def bench_ours(runner, b: int, n: int, steps: int, dev: torch.device, step_token
     first = last[0][0].float()
     tok = torch.cat(last).argmax(-1).tolist()
     for i in range(steps):
-        outs = runner.forward([SeqChunk(s, [t], n + i, "last") for s, t in zip(slots, tok)])
+        chunks = [SeqChunk(s, [t], n + i, "last") for s, t in zip(slots, tok)]
+        outs = runner.forward(chunks)
+        runner.prefetch_next(chunks)  # as LLM.generate does: next layout while the GPU runs this step
         tok = torch.cat(outs).argmax(-1).tolist()
     _sync(dev)
     t2 = time.perf_counter()

@@ -47,6 +47,7 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepBatch, torch.Tensor]] = {}
         self.mempool = torch.cuda.graph_pool_handle()
+        self._ready: tuple | None = None  # (bucket, layout key) uploaded by `prefetch` and not yet replayed
 
     def capture_all(self) -> None:
         """Capture every bucket now, largest first (the smaller graphs then reuse the largest one's memory pool).
@@ -84,6 +85,32 @@ class DecodeGraphs:
             out = model.logits(model.forward(static, cache))
         self.graphs[size] = (graph, static, out)
 
+    @staticmethod
+    def _upload(static: StepBatch, new: StepBatch) -> None:
+        """Copy a host-built layout into a graph's static inputs (queued on the stream: after earlier replays)."""
+        for name in _TENSOR_FIELDS:
+            getattr(static, name).copy_(getattr(new, name), non_blocking=True)
+        for r, view in static.comp.items():
+            view.visible.copy_(new.comp[r].visible, non_blocking=True)
+            if view.all_rows is not None:
+                view.all_rows.copy_(new.comp[r].all_rows, non_blocking=True)
+
+    def _key(self, chunks: list[SeqChunk]) -> tuple:
+        return (tuple(c.slot for c in chunks), tuple(c.start_pos for c in chunks), self.runner.cache.version)
+
+    @torch.inference_mode()
+    def prefetch(self, chunks: list[SeqChunk]) -> None:
+        """Build and upload the layout of the step after `chunks` (same sequences, one position on), so that step
+        only copies its token ids before its replay. Called while the GPU still runs the step of `chunks`: the
+        host work overlaps it, and the uploads are queued behind that step's replay, which has read its inputs.
+        """
+        size = self.bucket(len(chunks))
+        if size is None or size not in self.graphs:
+            return
+        nxt = [SeqChunk(c.slot, [0], c.start_pos + 1, c.want) for c in chunks]
+        self._upload(self.graphs[size][1], self._batch(nxt, size, on_host=True))
+        self._ready = (size, self._key(nxt))
+
     @torch.inference_mode()
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
         """fp32 logits [len(chunks), vocab] of a decode step (every chunk is one token)."""
@@ -91,12 +118,11 @@ class DecodeGraphs:
         if size not in self.graphs:
             self._capture(size)
         graph, static, out = self.graphs[size]
-        new = self._batch(chunks, size, on_host=True)  # built on the host, one copy per tensor
-        for name in _TENSOR_FIELDS:
-            getattr(static, name).copy_(getattr(new, name), non_blocking=True)
-        for r, view in static.comp.items():
-            view.visible.copy_(new.comp[r].visible, non_blocking=True)
-            if view.all_rows is not None:
-                view.all_rows.copy_(new.comp[r].all_rows, non_blocking=True)
+        ready, self._ready = self._ready, None
+        if ready == (size, self._key(chunks)):  # layout already uploaded by prefetch: only the tokens are new
+            tokens = torch.tensor([c.token_ids[0] for c in chunks], dtype=torch.int64)
+            static.token_ids[: len(chunks)].copy_(tokens, non_blocking=True)
+        else:
+            self._upload(static, self._batch(chunks, size, on_host=True))  # built on the host, one copy a tensor
         graph.replay()
         return out[: len(chunks)]

@@ -280,7 +280,11 @@ class LLM:
                     f"no sequence could be scheduled: {len(self.scheduler.waiting)} waiting, none running and no "
                     "free cache slot; the cache's slot bookkeeping is inconsistent"
                 )
-            logits = self.runner.forward([item.chunk for item in batch])
+            chunks = [item.chunk for item in batch]
+            logits = self.runner.forward(chunks)
+            prefetch = getattr(self.runner, "prefetch_next", None)  # fakes in tests may lack it
+            if prefetch is not None:
+                prefetch(chunks)  # next step's layout while the GPU runs this one
             self.scheduler.update(batch, logits)
 
     def _count_finished(self, bar: Any, counts: list[int], start: float) -> None:

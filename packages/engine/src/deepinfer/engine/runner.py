@@ -131,6 +131,13 @@ class ModelRunner:
         logits = self.model.logits(resid[torch.tensor(rows, device=resid.device)])
         return [None if s is None else logits[s[0] : s[0] + s[1]] for s in spans]
 
+    def prefetch_next(self, chunks: list[SeqChunk]) -> None:
+        """Hint after a decode step's `forward`, before reading its logits: the next step is likely the same
+        sequences one position on; on the CUDA-graph path its layout is built and uploaded now, overlapping the
+        GPU. A wrong guess costs nothing but this host work (the next `forward` rebuilds)."""
+        if self.graphs is not None and chunks and all(len(c.token_ids) == 1 for c in chunks):
+            self.graphs.prefetch(chunks)
+
     @torch.inference_mode()
     def mtp_logits(self, i: int, resid: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
         """MTP block i over chunks whose token_ids are the NEXT tokens of `resid`'s positions.

@@ -55,6 +55,10 @@ class CachePool:
         self.block_table = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=device)
         # A host copy, kept equal: step metadata for CUDA graphs is built on the host without device round trips.
         self.block_table_host = torch.full((num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32)
+        # Bumped whenever a slot changes owner (allocate / free): a step layout built earlier for the same slots
+        # and positions is still valid iff the version is unchanged (reserve only appends blocks past the
+        # entries a layout reads).
+        self.version = 0
         self._free_blocks = list(range(num_blocks - 1, -1, -1))
         self._free_slots = list(range(num_slots - 2, -1, -1))  # the dummy slot is not free
         self._slot_blocks: dict[int, list[int]] = {}
@@ -127,6 +131,7 @@ class CachePool:
             return None
         slot = self._free_slots.pop()
         self._slot_blocks[slot] = []
+        self.version += 1
         return slot
 
     def reserve(self, slot: int, num_tokens: int) -> bool:
@@ -154,6 +159,7 @@ class CachePool:
         self.block_table[slot].fill_(-1)
         self.block_table_host[slot].fill_(-1)
         self._free_slots.append(slot)
+        self.version += 1
 
     def held_blocks(self) -> int:
         return sum(len(b) for b in self._slot_blocks.values())
