@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session runner for the device tool: editable CUDA installs, then parts run in lanes (one lane per GPU, in
 # parallel), then parts that need every GPU. Logs and JSON go to $WORK (default build/gpu-quick) and are packed
-# into $OUT/all.tgz (the device tool brings back at most 8 files); a summary goes to stdout.
+# into $OUT/all.tgz (the device tool brings back at most 8 files; snapshots after every part in
+# $OUT/lane-*.tgz / after.tgz survive a run cut off at its limit); summaries stream to stdout.
 #
 #   bash scripts/gpu_quick.sh "<lane0 parts>" ["<lane1 parts>"] ["<parts after both lanes>"]
 #
@@ -53,11 +54,16 @@ part() {  # part <spec>: run one part, print a short summary
   esac
 }
 
+pack() {  # pack <name>: snapshot every log and JSON so far into $OUT/<name>.tgz (a run cut off keeps them)
+  [[ -n "${OUT:-}" ]] && tar czf "$OUT/$1.tgz.tmp" -C "$WORK" . 2>/dev/null && mv "$OUT/$1.tgz.tmp" "$OUT/$1.tgz"
+  return 0
+}
+
 lane() {  # lane <gpu> <name> <parts...>: run parts in order on one GPU, output to lane-<name>.out
   local gpu=$1 name=$2
   shift 2
   # tee: the summaries reach stdout as they happen, so a run cut off at its time limit still reports them
-  for spec in "$@"; do CUDA_VISIBLE_DEVICES=$gpu part "$spec"; done 2>&1 | tee "$WORK/lane-$name.out"
+  for spec in "$@"; do CUDA_VISIBLE_DEVICES=$gpu part "$spec"; pack "lane-$name"; done 2>&1 | tee "$WORK/lane-$name.out"
 }
 
 T0=$(date +%s)
@@ -72,6 +78,7 @@ else  # one GPU: the lanes run one after the other
   lane 0 a "${L0[@]}"
   lane 0 b "${L1[@]}"
 fi
-for spec in "${AFTER[@]}"; do part "$spec"; done
+for spec in "${AFTER[@]}"; do part "$spec"; pack after; done
 echo "== done in $(($(date +%s) - T0)) s on $NGPU GPU(s)"
-if [[ -n "${OUT:-}" ]]; then tar czf "$OUT/all.tgz" -C "$WORK" . && echo "packed $OUT/all.tgz"; fi
+if [[ -n "${OUT:-}" ]]; then tar czf "$OUT/all.tgz" -C "$WORK" . && rm -f "$OUT"/lane-*.tgz "$OUT/after.tgz" &&
+  echo "packed $OUT/all.tgz"; fi
