@@ -194,6 +194,30 @@ def test_kv_paged_write_strides_and_errors() -> None:
         kv_norm_rope_quant_triton(kv, w, cos, sin, 32, 1e-6, 32, out=torch.empty(2, d, device=DEV))
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["new", "paged"])
+def test_kv_token_blocks(paged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several tokens per program (the GPU's large-t blocking; small t on CPU would shrink it to one): a partial
+    last block, and with rows a skipped token inside a block."""
+    monkeypatch.setattr(_F, "KV_TARGET_PROGRAMS", 1)
+    t, d = 11, 128
+    assert _F._kv_block_t(t, d) == 32  # one program, 11 of its 32 token slots used
+    kv = _randn(t, d, seed=21, scale=3.0, dtype=torch.bfloat16)
+    w = _randn(d, seed=22, dtype=torch.bfloat16) + 1.0
+    if not paged:
+        _check_kv(kv, w, 32, 32)
+        return
+    monkeypatch.setattr(_F, "TILE_ELEMS", 4 * d)  # 4 tokens per program: 3 programs
+    cos, sin = _tables(t, 32, seed=d)
+    want = kv_norm_rope_quant_triton(kv, w, cos, sin, 32, 1e-6, 32)
+    rows = torch.tensor([3, 12, -1, 0, 7, 1, 9, -5, 2, 10, 4], device=DEV)
+    cache = torch.full((13, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    kv_norm_rope_quant_triton(kv, w, cos, sin, 32, 1e-6, 32, out=cache, rows=rows)
+    for i, r in enumerate(rows.tolist()):
+        if r >= 0:
+            _same(cache[r], want[i])
+    assert torch.isnan(cache[[5, 6, 8, 11]]).all()
+
+
 # --------------------------------------------------------------------------------------------------------- GPU
 
 

@@ -88,7 +88,10 @@ def test_gpu_api_mhc_post_and_head_run_triton_and_match() -> None:
     g = torch.Generator().manual_seed(6)
     fn = (torch.randn(4, 4 * 4096, generator=g) * 0.01).cuda()
     scale, base = torch.rand(1, generator=g).cuda(), torch.randn(4, generator=g).cuda()
-    head = tk.mhc_head(r, fn, scale, base)
+    head = tk.mhc_head(r, fn, scale, base)  # hc = 4: triton_mhc's head kernels (own logits, ~fp32 exact)
     w = ref.mhc_head_weights(r, fn, scale, base).double()
     exact = torch.einsum("ti,tid->td", w, r.double())
-    assert ((head.double() - exact).abs() <= 2.0**-8 * exact.abs() + 1e-6).all()
+    # the kernel's weights differ from the fp32 reference's by ~1e-6 (logit rounding, see test_mhc_triton):
+    # 2e-5 * sum_i |x_i| covers that where the terms cancel
+    slack = 2e-5 * r.double().abs().sum(1)
+    assert ((head.double() - exact).abs() <= 2.0**-8 * exact.abs() + 1e-6 + slack).all()

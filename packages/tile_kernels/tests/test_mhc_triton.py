@@ -1,4 +1,4 @@
-"""The fused Triton `mhc_pre` kernel against `ref.mhc.mhc_pre`.
+"""The fused Triton `mhc_pre` and `mhc_head` kernels against `ref.mhc.mhc_pre` / `ref.mhc.mhc_head`.
 
 On a CPU-only machine the kernel runs under the Triton interpreter (TRITON_INTERPRET=1, set here before the
 kernel module is imported); with CUDA it runs compiled. Inputs have the model's magnitudes: x ~ N(0, 1),
@@ -17,6 +17,8 @@ Tolerances (all math in fp32 on both sides, only the summation order differs):
 * x_in: 4-term fp32 sums weighted by pre, |delta pre| <= tol: tol * sum_i |x_i| (this dominates where the
   terms cancel) plus fp32 rtol 1e-5, or for bf16 output 1 bf16 ulp of the reference (a near-tie can round
   the other way).
+* mhc_head: the same two kernels with hc fn rows; its weights are mhc_pre's pre gates, so its output gets
+  x_in's bound.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit in the kernel module
 pytest.importorskip("triton")
 
-from deepinfer.tile_kernels.ref.mhc import mhc_pre, sinkhorn  # noqa: E402
+from deepinfer.tile_kernels.ref.mhc import mhc_head, mhc_pre, sinkhorn  # noqa: E402
 
 _MOD = "deepinfer.tile_kernels.backends.cuda.triton_mhc"
 if not _CUDA and _MOD in sys.modules:  # imported earlier without the interpreter: re-decorate the kernel
     importlib.reload(sys.modules[_MOD])
 _KERNELS = importlib.import_module(_MOD)
 mhc_pre_triton = _KERNELS.mhc_pre_triton
+mhc_head_triton = _KERNELS.mhc_head_triton
 
 DEV = "cuda" if _CUDA else "cpu"
 HC = 4
@@ -68,8 +71,13 @@ def _poisoned(t: int, d: int, dtype: torch.dtype, hc: int = HC) -> tuple[torch.T
 
 
 def _oracle64(
-    x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
-    hc_eps: float = 1e-6, iters: int = 20,
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    rms_eps: float = 1e-6,
+    hc_eps: float = 1e-6,
+    iters: int = 20,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's post [t, hc] and comb [t, hc, hc] computed in float64 (the exact answer for fp32 inputs)."""
     hc = x.shape[1]
@@ -80,17 +88,10 @@ def _oracle64(
     return post, sinkhorn((m[:, 2 * hc :] * s[2] + b[2 * hc :]).view(-1, hc, hc), iters, hc_eps)
 
 
-def _check(
-    got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], x: torch.Tensor, tol: float = TOL
-) -> None:
-    """Compare (x_in, post, comb) with the reference at the tolerances derived in the module docstring."""
-    x_in, post, comb = got
-    r_x, r_post, r_comb = want
-    assert x_in.dtype == r_x.dtype and post.dtype == comb.dtype == torch.float32
-    for name, a in (("x_in", x_in), ("post", post), ("comb", comb)):
-        assert torch.isfinite(a.float()).all(), f"{name} has unwritten/non-finite entries"
-    assert (post - r_post).abs().max().item() <= tol
-    assert (comb - r_comb).abs().max().item() <= tol
+def _check_mix(x_in: torch.Tensor, r_x: torch.Tensor, x: torch.Tensor, tol: float = TOL) -> None:
+    """x_in (or the head's output) [t, d] vs the reference's: gates off by <= tol, then one rounding."""
+    assert x_in.dtype == r_x.dtype and x_in.shape == r_x.shape and x_in.is_contiguous()
+    assert torch.isfinite(x_in.float()).all(), "unwritten/non-finite entries"
     # |delta pre| <= tol (as for post) moves x_in by up to tol * sum_i |x_i|, which dominates where the 4 terms
     # cancel; on top: fp32 rtol 1e-5, or 1 bf16 ulp of the reference (a near-tie can round the other way)
     mag = r_x.float().abs()
@@ -101,6 +102,18 @@ def _check(
         bound = (torch.nextafter(r_x.abs(), torch.full_like(r_x, float("inf"))) - r_x.abs()).float() + slack
     err = (x_in.float() - r_x.float()).abs()
     assert (err <= bound).all(), f"x_in off: worst excess {(err - bound).max().item()}"
+
+
+def _check(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], x: torch.Tensor, tol: float = TOL) -> None:
+    """Compare (x_in, post, comb) with the reference at the tolerances derived in the module docstring."""
+    x_in, post, comb = got
+    r_x, r_post, r_comb = want
+    assert x_in.dtype == r_x.dtype and post.dtype == comb.dtype == torch.float32
+    for name, a in (("x_in", x_in), ("post", post), ("comb", comb)):
+        assert torch.isfinite(a.float()).all(), f"{name} has unwritten/non-finite entries"
+    assert (post - r_post).abs().max().item() <= tol
+    assert (comb - r_comb).abs().max().item() <= tol
+    _check_mix(x_in, r_x, x, tol)
     # doubly stochastic: columns were normalised last (sum = s / (s + eps)); rows only to Sinkhorn convergence
     assert (comb.sum(-2) - 1).abs().max().item() <= TOL
     assert (comb.sum(-1) - 1).abs().max().item() <= 1e-2
@@ -203,3 +216,60 @@ def test_gpu_cuda_graph_replay() -> None:
     graph.replay()
     torch.cuda.synchronize()
     _check(got, mhc_pre(x, fn, scale, base), x, tol=2 * TOL)
+
+
+def _head_inputs(
+    t: int, d: int, dtype: torch.dtype, seed: int, hc: int = HC
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [t, hc, d], fn [hc, hc*d], scale [1], base [hc]: mhc_pre's inputs cut to the head's rows."""
+    x, fn, scale, base = _inputs(t, d, dtype, seed, hc)
+    return x, fn[:hc].contiguous(), scale[:1].contiguous(), base[:hc].contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("t", "d"), [(1, 64), (5, 256), (17, 64), (1, 4096)])
+def test_head_matches_reference(t: int, d: int, dtype: torch.dtype) -> None:
+    """mhc_head: one token block, two blocks (17), V4's width (4096); non-default eps on one case."""
+    x, fn, scale, base = _head_inputs(t, d, dtype, seed=77 * t + d)
+    eps = (1e-5, 1e-3) if t == 5 else (1e-6, 1e-6)
+    _check_mix(mhc_head_triton(x, fn, scale, base, *eps), mhc_head(x, fn, scale, base, *eps), x)
+
+
+def test_head_strided_and_bad_shapes() -> None:
+    """A non-contiguous x gives a contiguous result; t = 0 launches nothing; wrong fn / base / hc raise."""
+    x, fn, scale, base = _head_inputs(5, 64, torch.bfloat16, seed=4)
+    xs = x.transpose(1, 2).contiguous().transpose(1, 2)
+    _check_mix(mhc_head_triton(xs, fn, scale, base), mhc_head(x, fn, scale, base), x)
+    assert mhc_head_triton(x[:0], fn, scale, base).shape == (0, 64)
+    with pytest.raises(ValueError, match="fn must have shape"):
+        mhc_head_triton(x, fn[:, :-1], scale, base)
+    with pytest.raises(ValueError, match="base"):
+        mhc_head_triton(x, fn, scale, base[:-1])
+    with pytest.raises(ValueError, match="power of two"):
+        mhc_head_triton(*_head_inputs(1, 64, torch.float32, seed=0, hc=3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("t", [1, 7, 4096])
+def test_gpu_head_v4_flash_shapes(t: int, dtype: torch.dtype) -> None:
+    """V4-Flash head (hc=4, d=4096): against the fp32 reference at 2 * TOL (its own logit rounding, as for pre)."""
+    x, fn, scale, base = _head_inputs(t, 4096, dtype, seed=t + 1)
+    _check_mix(mhc_head_triton(x, fn, scale, base), mhc_head(x, fn, scale, base), x, tol=2 * TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_head_cuda_graph_replay() -> None:
+    """The head launcher has no host sync either: capture, change x in place, replay, compare."""
+    x, fn, scale, base = _head_inputs(64, 4096, torch.bfloat16, seed=8)
+    mhc_head_triton(x, fn, scale, base)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = mhc_head_triton(x, fn, scale, base)
+    x.copy_(_head_inputs(64, 4096, torch.bfloat16, seed=9)[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_mix(got, mhc_head(x, fn, scale, base), x, tol=2 * TOL)

@@ -35,6 +35,7 @@ rounded ones). So the fp32 bounds are relative, and 1e-6 = 17u:
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 
@@ -60,7 +61,8 @@ def _kernels(name: str):  # noqa: ANN202 (a module)
 
 
 rms_norm_triton = _kernels("triton_norm").rms_norm_triton
-apply_rope_interleaved_triton = _kernels("triton_rope").apply_rope_interleaved_triton
+_ROPE = _kernels("triton_rope")
+apply_rope_interleaved_triton = _ROPE.apply_rope_interleaved_triton
 _ACT = _kernels("triton_act")
 swiglu_clamp_triton, swiglu_clamp_fused_triton = _ACT.swiglu_clamp_triton, _ACT.swiglu_clamp_fused_triton
 
@@ -218,6 +220,21 @@ def test_rope_matches_reference(shape: tuple[int, ...], rope_dim: int, inverse: 
     got = apply_rope_interleaved_triton(x, cos, sin, rope_dim, inverse, out=out)
     assert got is out
     _check_rope(got, x, cos, sin, rope_dim, inverse)
+
+
+@pytest.mark.parametrize(("shape", "rope_dim"), [((5, 3, 48), 16), ((7, 40), 8), ((3, 2, 2, 24), 24)])
+def test_rope_row_blocks(shape: tuple[int, ...], rope_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several flattened rows per program, as on the GPU at large t (small inputs on CPU would get one): blocks
+    that span tokens, a partial last block, a strided x (middle dims merged), rope_dim == d (nothing copied)."""
+    monkeypatch.setattr(_ROPE, "TARGET_PROGRAMS", 1)
+    monkeypatch.setattr(_ROPE, "TILE_ELEMS", 256)  # 4-8 rows per program: several programs
+    rows = math.prod(shape[:-1])
+    bm = _ROPE._blocks(rows, shape[-1], rope_dim)[0]
+    assert 1 < bm < rows and rows % bm  # blocks that span tokens, a partial last one
+    x = _randn(*shape[:-1], shape[-1] + 8, seed=rows, dtype=torch.bfloat16)[..., 8:]  # row stride d + 8
+    cos, sin = _tables(shape[0], rope_dim, seed=rope_dim + 1)
+    for inverse in (False, True):
+        _check_rope(apply_rope_interleaved_triton(x, cos, sin, rope_dim, inverse), x, cos, sin, rope_dim, inverse)
 
 
 def test_rope_strided_inputs_and_roundtrip() -> None:

@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 
 from deepinfer.tile_kernels.backends.cuda import triton_act as a
 from deepinfer.tile_kernels.backends.cuda import triton_fused as f
+from deepinfer.tile_kernels.backends.cuda import triton_mhc as mh
 from deepinfer.tile_kernels.backends.cuda import triton_pool as p
 from deepinfer.tile_kernels.backends.cuda import triton_quant as q
 from deepinfer.tile_kernels.backends.cuda import triton_rope as ro
@@ -55,7 +56,12 @@ for mode, sp, qp in ((0, "*i32", "*u8"), (1, "*fp32", "*u8"), (2, "*fp32", "*u8"
     s = dict(qs)
     s["s_ptr"] = sp
     s["q_ptr"] = qp
-    go(f"quant mode {mode}", q._fp8_group_kernel, s, {"MODE": mode, "GROUP": 64, "BLOCK_G": 64}, 8, False)
+    for hw in (False, True):
+        cx = {"MODE": mode, "GROUP": 64, "BLOCK_G": 64, "HW_CAST": hw}
+        ptx = go(f"quant mode {mode} hw={hw}", q._fp8_group_kernel, s, cx, 8, False)
+        if ptx is not None and hw != ("cvt.rn.satfinite.e4m3x2.f32" in ptx):  # HW_CAST: the sm_90 fp8 cvt, RNE
+            FAILED.append(f"quant mode {mode} hw={hw} cvt")
+            print(f"FAIL quant mode {mode} hw={hw}: e4m3 cvt {'missing' if hw else 'present'}", flush=True)
 ps = {
     "kv_ptr": "*fp32",
     "sc_ptr": "*fp32",
@@ -117,7 +123,15 @@ for mode in (1, 2):
         f"swiglu_fp8 mode {mode}",
         f._swiglu_fp8_kernel,
         ss,
-        {"HAS_LIMIT": True, "STORE_Y": False, "MODE": mode, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True},
+        {
+            "HAS_LIMIT": True,
+            "STORE_Y": False,
+            "MODE": mode,
+            "GROUP": 128,
+            "BLOCK_G": 32,
+            "IS_BF16": True,
+            "HW_CAST": True,
+        },
         8,
         False,
     )
@@ -125,7 +139,7 @@ go(
     "swiglu_fp8 store_y",
     f._swiglu_fp8_kernel,
     ss,
-    {"HAS_LIMIT": True, "STORE_Y": True, "MODE": 1, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True},
+    {"HAS_LIMIT": True, "STORE_Y": True, "MODE": 1, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True, "HW_CAST": True},
     8,
     False,
 )
@@ -135,7 +149,7 @@ go(
     "swiglu_fp8 fp32",
     f._swiglu_fp8_kernel,
     s32,
-    {"HAS_LIMIT": False, "STORE_Y": False, "MODE": 2, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": False},
+    {"HAS_LIMIT": False, "STORE_Y": False, "MODE": 2, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": False, "HW_CAST": True},
     8,
     False,
 )
@@ -146,6 +160,7 @@ ks = {
     "sin_ptr": "*fp32",
     "out_ptr": "*bf16",
     "rows_ptr": "*i64",
+    "T": "i32",
     "d": "i32",
     "skr": "i64",
     "skc": "i64",
@@ -164,8 +179,17 @@ for rows in (False, True):
             f"kv rows={rows} quant={quant}",
             f._kv_fused_kernel,
             ks,
-            {"HAS_ROWS": rows, "NOPE": 448, "QUANT": quant, "QB": 64 if quant else 2, "BLOCK_D": 512, "IS_BF16": True},
-            2,
+            {
+                "HAS_ROWS": rows,
+                "NOPE": 448,
+                "QUANT": quant,
+                "QB": 64 if quant else 2,
+                "BLOCK_T": 8,
+                "BLOCK_D": 512,
+                "IS_BF16": True,
+                "HW_CAST": True,
+            },
+            8,
             False,
         )
 k32 = dict(ks)
@@ -174,7 +198,16 @@ go(
     "kv fp32",
     f._kv_fused_kernel,
     k32,
-    {"HAS_ROWS": False, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_D": 512, "IS_BF16": False},
+    {
+        "HAS_ROWS": False,
+        "NOPE": 448,
+        "QUANT": True,
+        "QB": 64,
+        "BLOCK_T": 8,
+        "BLOCK_D": 512,
+        "IS_BF16": False,
+        "HW_CAST": True,
+    },
     2,
     False,
 )
@@ -183,6 +216,7 @@ ros = {
     "cos_ptr": "*fp32",
     "sin_ptr": "*fp32",
     "y_ptr": "*bf16",
+    "n_rows": "i32",
     "M": "i32",
     "d": "i32",
     "rope_start": "i32",
@@ -194,8 +228,9 @@ ros = {
     "stride_st": "i64",
     "stride_sk": "i64",
 }
-go("rope fusion on", ro._rope_kernel, ros, {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512}, 8, True)
-go("rope fusion off", ro._rope_kernel, ros, {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512}, 8, False)
+rcx = {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512, "BLOCK_R": 32}
+go("rope fusion on", ro._rope_kernel, ros, rcx, 8, True)
+go("rope fusion off", ro._rope_kernel, ros, rcx, 8, False)
 as_ = {
     "g_ptr": "*bf16",
     "u_ptr": "*bf16",
@@ -209,5 +244,44 @@ as_ = {
     "limit": "fp32",
 }
 go("swiglu", a._swiglu_kernel, as_, {"HAS_LIMIT": True, "BLOCK_R": 2, "BLOCK_N": 1024}, 4)
+
+ms = {
+    "x_ptr": "*bf16",
+    "fn_ptr": "*fp32",
+    "part_ptr": "*fp32",
+    "sq_ptr": "*fp32",
+    "T": "i32",
+    "stride_xt": "i64",
+    "stride_xh": "i64",
+    "stride_xd": "i64",
+    "stride_fn_r": "i64",
+    "stride_fn_c": "i64",
+    "k_per_split": "i32",
+}
+for head in (False, True):
+    for prec in ("bf16x3", "tf32x3"):
+        cx = {"HC": 4, "D": 4096, "BLOCK_T": 64, "BLOCK_K": 64, "PRECISION": prec, "HEAD": head}
+        go(f"mhc mix head={head} {prec}", mh._mhc_mix_kernel, ms, cx, mh.MIX_NUM_WARPS)
+    fs = {
+        "part_ptr": "*fp32",
+        "sq_ptr": "*fp32",
+        "x_ptr": "*bf16",
+        "scale_ptr": "*fp32",
+        "base_ptr": "*fp32",
+        "xin_ptr": "*bf16",
+        "post_ptr": "*bf16" if head else "*fp32",
+        "comb_ptr": "*bf16" if head else "*fp32",
+        "T": "i32",
+        "S": "i32",
+        "stride_xt": "i64",
+        "stride_xh": "i64",
+        "stride_xd": "i64",
+        "d_per_split": "i32",
+        "rms_eps": "fp32",
+        "hc_eps": "fp32",
+        "sinkhorn_iters": "i32",
+    }
+    cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
+    go(f"mhc finish head={head}", mh._mhc_finish_kernel, fs, cx, mh.FIN_NUM_WARPS)
 
 sys.exit(1 if FAILED else 0)

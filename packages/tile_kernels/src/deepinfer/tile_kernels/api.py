@@ -130,11 +130,14 @@ def mhc_head(
     """mHC head: x [t, hc, d] -> [t, d] (sigmoid-weighted stream sum, no Sinkhorn)."""
     _check_mhc(x, fn, x.shape[1] if x.dim() == 3 else 0)
     hc = x.shape[1]
+    if _triton_float_ok(x) and hc >= 4 and hc & (hc - 1) == 0:
+        from .backends.cuda.triton_mhc import mhc_head_triton  # mhc_pre's two kernels in head mode
+
+        return mhc_head_triton(x, fn, scale, base, rms_eps, hc_eps)
     if _triton_float_ok(x) and hc & (hc - 1) == 0:
         from .backends.cuda.triton_mhc_post import mhc_weighted_sum_triton
 
-        # the stream weights need a norm over the whole [hc * d] row: a few small reference ops; the weighted
-        # sum over [t, hc, d] (the traffic) is one kernel
+        # hc < 4 (tl.dot needs 2*hc*hc >= 16): reference stream weights, then one weighted-sum kernel
         return mhc_weighted_sum_triton(x, _ref.mhc_head_weights(x, fn, scale, base, rms_eps, hc_eps))
     return _ascend_or("mhc_head", x.device, _ref.mhc_head)(x, fn, scale, base, rms_eps, hc_eps)
 

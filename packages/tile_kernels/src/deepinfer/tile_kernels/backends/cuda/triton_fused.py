@@ -7,7 +7,7 @@
   `triton_norm`), rounded to kv.dtype; RoPE of the last rope_dim dims as interleaved pairs (fp fusion off, the
   reference's roundings, see `triton_rope`), rounded to kv.dtype; the FP8 quant-dequant of the other dims in
   blocks (bit-exact `triton_quant` math); the row written into a cache at rows[i] (the paged write), or a new
-  tensor. One program per token; the row lives in registers.
+  tensor. A program takes BLOCK_T tokens (8 at d = 512); the rows live in registers.
 Both round to the activation dtype between steps exactly where the unfused reference does, so the only
 differences from the reference are those of the single kernels (fp32 reduction order, exp accuracy), which can
 move a value by one bf16 ulp before the quantiser. No host sync (CUDA-graph safe); blocks from shapes only.
@@ -26,6 +26,7 @@ from .triton_quant import FP8_MAX, MAX_GROUP, quant_tile_store
 __all__ = ["kv_norm_rope_quant_triton", "swiglu_clamp_fp8_triton"]
 
 TILE_ELEMS = 4096
+KV_TARGET_PROGRAMS = 512
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
@@ -34,16 +35,18 @@ _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = a
 @triton.jit
 def _rne_bf16(x):
     """fp32 x rounded to the nearest bf16 (ties to even), as fp32: the GPU's cvt.rn in integer steps, because
-    Triton's interpreter truncates fp32 -> bf16 casts (the CPU tests then check the GPU's arithmetic). NaN kept."""
+    Triton's interpreter truncates fp32 -> bf16 casts (the CPU tests then check the GPU's arithmetic; on the GPU
+    `_round_act` uses the cast itself). NaN kept."""
     b = x.to(tl.int32, bitcast=True)
     r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, r)
 
 
 @triton.jit
-def _round_act(x, dt: tl.constexpr, IS_BF16: tl.constexpr):
-    """fp32 x rounded to the activation dtype dt (round to nearest even), returned as fp32."""
-    if IS_BF16:
+def _round_act(x, dt: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr = False):
+    """fp32 x rounded to the activation dtype dt (round to nearest even), returned as fp32. HW_CAST (GPU): the
+    hardware cast also for bf16 (cvt.rn: the same rounding as `_rne_bf16`, one instruction instead of ~6)."""
+    if IS_BF16 and not HW_CAST:
         y = _rne_bf16(x)
     else:
         y = x.to(dt).to(tl.float32)
@@ -55,7 +58,7 @@ def _swiglu_fp8_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr, y_ptr,
     n_groups, groups_per_row, sgr, sgc, sur, suc, limit, inv_max,
     HAS_LIMIT: tl.constexpr, STORE_Y: tl.constexpr, MODE: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr, IS_BF16: tl.constexpr,
+    BLOCK_G: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr,
 ):  # fmt: skip
     """gate, up [rows, n] strided -> q e4m3 [rows, n] + scales fp32 [rows, n / GROUP] (STORE_Y: the rounded SwiGLU
     output y [rows, n] in gate's dtype instead, for tests)."""
@@ -66,55 +69,82 @@ def _swiglu_fp8_kernel(
     mask = gmask[:, None]
     gt = tl.load(g_ptr + row[:, None] * sgr + col * sgc, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(u_ptr + row[:, None] * sur + col * suc, mask=mask, other=0.0).to(tl.float32)
-    y = _round_act(swiglu_math(gt, up, limit, HAS_LIMIT), y_ptr.dtype.element_ty, IS_BF16)  # as stored unfused
+    y = _round_act(swiglu_math(gt, up, limit, HAS_LIMIT), y_ptr.dtype.element_ty, IS_BF16, HW_CAST)  # as unfused
     if STORE_Y:
         tl.store(y_ptr + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G)
+        quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
 
 
 @triton.jit
 def _kv_fused_kernel(
     kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
-    d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
-    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_BF16: tl.constexpr,
+    T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
+    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr,
 ):  # fmt: skip
-    """kv [t, d] strided, weight [d], cos/sin [t, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns)."""
-    tok = tl.program_id(0).to(tl.int64)
+    """kv [T, d] strided, weight [d], cos/sin [T, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns).
+
+    BLOCK_T tokens per program as a [BLOCK_T, BLOCK_D] tile (one token per program left a 1 KB row and two warps
+    per program at V4's d = 512: latency-bound at a third of the copy bandwidth).
+    """
+    t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
+    tok = t0 + tl.arange(0, BLOCK_T)  # [BT]
+    tmask = tok < T
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < d
-    x = tl.load(kv_ptr + tok * skr + cols * skc, mask=cmask, other=0.0).to(tl.float32)
+    x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & cmask[None, :], other=0.0).to(
+        tl.float32
+    )
     w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
-    ms = tl.sum(x * x, axis=0) / d  # triton_norm's order
+    ms = tl.sum(x * x, axis=1) / d  # [BT], triton_norm's order
     r = 1.0 / tl.sqrt(ms + eps)
     dt = kv_ptr.dtype.element_ty
-    y = _round_act(w * (x * r), dt, IS_BF16)
-    a, b = tl.split(tl.reshape(y, [BLOCK_D // 2, 2]))  # pairs (2k, 2k + 1)
+    y = _round_act(w[None, :] * (x * r[:, None]), dt, IS_BF16, HW_CAST)
+    a, b = tl.split(tl.reshape(y, [BLOCK_T, BLOCK_D // 2, 2]))  # pairs (2k, 2k + 1): [BT, BD / 2] each
     k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
     kr = (k >= 0) & (k < (d - NOPE) // 2)
     kk = tl.maximum(k, 0)
-    c = tl.load(cos_ptr + tok * sct + kk * sck, mask=kr, other=1.0).to(tl.float32)
-    s = tl.load(sin_ptr + tok * sst + kk * ssk, mask=kr, other=0.0).to(tl.float32)
-    ra = _round_act(tl.where(kr, a * c - b * s, a), dt, IS_BF16)
-    rb = _round_act(tl.where(kr, a * s + b * c, b), dt, IS_BF16)
-    y = tl.reshape(tl.join(ra, rb), [BLOCK_D])
-    gi = tl.arange(0, BLOCK_D // QB)
+    km = tmask[:, None] & kr[None, :]
+    c = tl.load(cos_ptr + tok[:, None] * sct + kk[None, :] * sck, mask=km, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + tok[:, None] * sst + kk[None, :] * ssk, mask=km, other=0.0).to(tl.float32)
+    ra = _round_act(tl.where(kr[None, :], a * c - b * s, a), dt, IS_BF16, HW_CAST)
+    rb = _round_act(tl.where(kr[None, :], a * s + b * c, b), dt, IS_BF16, HW_CAST)
+    y = tl.reshape(tl.join(ra, rb), [BLOCK_T, BLOCK_D])
     if HAS_ROWS:
-        orow = tl.load(rows_ptr + tok).to(tl.int64)
-        dst = out_ptr + tl.maximum(orow, 0) * sor
+        orow = tl.load(rows_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     else:
-        orow = tok
-        dst = out_ptr + tok * sor
-    # negative row: skip this token (vector masks: the interpreter rejects a scalar & vector mask)
-    ok = (cols * 0 + orow) >= 0
-    okg = (gi * 0 + orow) >= 0
+        orow = tl.where(tmask, tok, -1)
+    ok = orow >= 0  # negative row (or past T): skip the token
+    dst = out_ptr + tl.maximum(orow, 0) * sor  # [BT] row pointers
     if QUANT:
-        tl.store(dst + cols, y.to(out_ptr.dtype.element_ty), mask=cmask & (cols >= NOPE) & ok)
-        yq = tl.reshape(y, [BLOCK_D // QB, QB])
-        quant_tile_store(yq, gi, (gi < NOPE // QB) & okg, dst, dst, inv_max, _DEQUANT, QB, BLOCK_D // QB)
+        m2 = ok[:, None] & (cmask & (cols >= NOPE))[None, :]
+        tl.store(dst[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=m2)
+        # the nope dims as BLOCK_T * GPR groups of QB; group f is block f % GPR of token f // GPR
+        GPR: tl.constexpr = BLOCK_D // QB
+        f = tl.arange(0, BLOCK_T * GPR)
+        gi = f % GPR
+        gt = t0 + f // GPR  # each group's token
+        if HAS_ROWS:  # its row again (a cached load: a register tensor cannot be gathered)
+            grow = tl.load(rows_ptr + gt, mask=gt < T, other=-1).to(tl.int64)
+        else:
+            grow = tl.where(gt < T, gt, -1)
+        gdst = out_ptr + tl.maximum(grow, 0) * sor  # [BT * GPR]
+        yq = tl.reshape(y, [BLOCK_T * GPR, QB])
+        quant_tile_store(
+            yq,
+            gi,
+            (gi < NOPE // QB) & (grow >= 0),
+            gdst[:, None],
+            gdst[:, None],
+            inv_max,
+            _DEQUANT,
+            QB,
+            BLOCK_T * GPR,
+            HW_CAST,
+        )
     else:
-        tl.store(dst + cols, y.to(out_ptr.dtype.element_ty), mask=cmask & ok)
+        tl.store(dst[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=ok[:, None] & cmask[None, :])
 
 
 def _float(name: str, t: object, ndim: int | None = None) -> torch.Tensor:
@@ -166,8 +196,8 @@ def swiglu_clamp_fp8_triton(
             n_groups, n // group_size, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
             float(limit) if limit is not None else 0.0, 1.0 / FP8_MAX,
             HAS_LIMIT=limit is not None, STORE_Y=store_y, MODE=1 if scale_fmt == "ue8m0" else 2, GROUP=group_size,
-            BLOCK_G=bg, IS_BF16=gate.dtype == torch.bfloat16, num_warps=max(1, min(8, bg * group_size // 512)),
-            enable_fp_fusion=False,
+            BLOCK_G=bg, IS_BF16=gate.dtype == torch.bfloat16, HW_CAST=gate.is_cuda,
+            num_warps=max(1, min(8, bg * group_size // 512)), enable_fp_fusion=False,
         )  # fmt: skip
     return (y, None) if store_y else (q, s)
 
@@ -184,6 +214,15 @@ def _check_kv(kv: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: to
     for name, cs in (("cos", cos), ("sin", sin)):
         if tuple(_float(name, cs, 2).shape) != (t, rope_dim // 2):
             raise ValueError(f"{name} must have shape {(t, rope_dim // 2)}, got {tuple(cs.shape)}")
+
+
+def _kv_block_t(t: int, bd: int) -> int:
+    """Tokens per KV program: a [BLOCK_T, bd] tile of about TILE_ELEMS, fewer while the grid is under
+    KV_TARGET_PROGRAMS programs (decode: spread the few tokens over the SMs)."""
+    bt = max(1, TILE_ELEMS // bd)
+    while bt > 1 and triton.cdiv(t, bt) < KV_TARGET_PROGRAMS:
+        bt //= 2
+    return bt
 
 
 def kv_norm_rope_quant_triton(
@@ -226,11 +265,13 @@ def kv_norm_rope_quant_triton(
         return out
     bd = max(16, triton.next_power_of_2(d))
     qb = quant_block if quant else 2
-    _kv_fused_kernel[(t,)](
+    bt = _kv_block_t(t, bd)
+    _kv_fused_kernel[(triton.cdiv(t, bt),)](
         kv, weight, cos, sin, out, rows if rows is not None else out,
-        d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        t, d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         out.stride(0), float(eps), 1.0 / FP8_MAX,
-        HAS_ROWS=rows is not None, NOPE=nope, QUANT=quant, QB=qb, BLOCK_D=bd, IS_BF16=kv.dtype == torch.bfloat16,
-        num_warps=max(1, min(8, bd // 256)), enable_fp_fusion=False,
+        HAS_ROWS=rows is not None, NOPE=nope, QUANT=quant, QB=qb, BLOCK_T=bt, BLOCK_D=bd,
+        IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, num_warps=max(1, min(8, bt * bd // 256)),
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out

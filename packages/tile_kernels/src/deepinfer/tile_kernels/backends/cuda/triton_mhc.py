@@ -1,4 +1,5 @@
-"""Triton mHC pre (`ref/mhc.py::mhc_pre`): RMS-scaled mixing logits, gates, Sinkhorn and the stream mix.
+"""Triton mHC pre and head (`ref/mhc.py::mhc_pre`, `mhc_head`): RMS-scaled mixing logits, gates, Sinkhorn
+(pre only) and the stream mix.
 
 Two launches (instead of ~120 small kernels), both over a (token block, split) grid so that a single decode
 token still spreads over the whole GPU:
@@ -12,7 +13,13 @@ token still spreads over the whole GPU:
   projection in registers on [BLOCK_T, HC, HC] tiles (split 0 stores post and comb) and writes the s-th slice
   of x_in = sum_i pre[i] * x[:, i, :] in x.dtype.
 
-All math is fp32; the launcher does no host sync (CUDA-graph safe) and its splits depend only on shapes.
+The head (HEAD=True) is the same two launches with hc fn rows in the pre-gate slots 0..HC-1 (the rest of the
+padded slots zero): its weights sigmoid(m * scale[0] + base[:hc]) + eps are exactly mhc_pre's pre gates, and
+the finish kernel skips post, comb and Sinkhorn. Both ops read x twice (mix, then the stream mix): the mix
+needs the whole [hc * d] row of a token before any weight is known, and a token block's row (BLOCK_T x 32 KB
+at V4 width) is too large to keep on chip or in L2 across all SMs.
+
+All math is fp32; the launchers do no host sync (CUDA-graph safe) and their splits depend only on shapes.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["mhc_pre_triton"]
+__all__ = ["mhc_head_triton", "mhc_pre_triton"]
 
 MIX_BLOCK_K = 64  # flattened hc*d columns per mix step
 MIX_MAX_BLOCK_T = 64  # tokens per mix program for large t (fn tiles are reused by that many tokens)
@@ -43,11 +50,25 @@ DOT_PRECISION = "auto"
 
 @triton.jit
 def _mhc_mix_kernel(
-    x_ptr, fn_ptr, part_ptr, sq_ptr,
-    T, stride_xt, stride_xh, stride_xd, stride_fn_r, stride_fn_c, k_per_split,
-    HC: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    fn_ptr,
+    part_ptr,
+    sq_ptr,
+    T,
+    stride_xt,
+    stride_xh,
+    stride_xd,
+    stride_fn_r,
+    stride_fn_c,
+    k_per_split,
+    HC: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HEAD: tl.constexpr,
 ):
-    """x [T, HC, D] (strided), fn [(2+HC)*HC, HC*D] -> part [S, T, 2*HC*HC] fp32, sq [S, T] fp32 (S = splits)."""
+    """x [T, HC, D] (strided), fn [(2+HC)*HC, HC*D] (HEAD: [HC, HC*D]) -> part [S, T, 2*HC*HC], sq [S, T] fp32."""
     NP: tl.constexpr = 2 * HC * HC
     K: tl.constexpr = HC * D
     pid_t = tl.program_id(0)
@@ -57,7 +78,10 @@ def _mhc_mix_kernel(
     x_tok = x_ptr + tok.to(tl.int64) * stride_xt
 
     p = tl.arange(0, NP)  # padded slot -> fn row, -1 for a zero slot
-    fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
+    if HEAD:  # the head's hc rows go to the pre-gate slots
+        fn_row = tl.where(p < HC, p, -1)
+    else:
+        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
     fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r  # [NP]
     fn_rmask = fn_row >= 0
 
@@ -70,11 +94,13 @@ def _mhc_mix_kernel(
         kmask = k < K
         xr = tl.load(
             x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
-            mask=tmask[:, None] & kmask[None, :], other=0.0,
+            mask=tmask[:, None] & kmask[None, :],
+            other=0.0,
         )  # [BT, BK] x dtype
         fv = tl.load(
             fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
-            mask=fn_rmask[None, :] & kmask[:, None], other=0.0,
+            mask=fn_rmask[None, :] & kmask[:, None],
+            other=0.0,
         ).to(tl.float32)  # [BK, NP]
         xv = xr.to(tl.float32)
         sq += xv * xv
@@ -96,12 +122,34 @@ def _mhc_mix_kernel(
 
 @triton.jit
 def _mhc_finish_kernel(
-    part_ptr, sq_ptr, x_ptr, scale_ptr, base_ptr, xin_ptr, post_ptr, comb_ptr,
-    T, S, stride_xt, stride_xh, stride_xd, d_per_split,
-    rms_eps, hc_eps, sinkhorn_iters,
-    HC: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_ptr,
+    sq_ptr,
+    x_ptr,
+    scale_ptr,
+    base_ptr,
+    xin_ptr,
+    post_ptr,
+    comb_ptr,
+    T,
+    S,
+    stride_xt,
+    stride_xh,
+    stride_xd,
+    d_per_split,
+    rms_eps,
+    hc_eps,
+    sinkhorn_iters,
+    HC: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD: tl.constexpr,
 ):
-    """part [S, T, 2*HC*HC], sq [S, T], x [T, HC, D] -> xin [T, D] (x dtype), post [T, HC], comb [T, HC, HC]."""
+    """part [S, T, 2*HC*HC], sq [S, T], x [T, HC, D] -> xin [T, D] (x dtype), post [T, HC], comb [T, HC, HC].
+
+    HEAD: only xin (the head's output); post_ptr / comb_ptr are not touched.
+    """
     NP: tl.constexpr = 2 * HC * HC
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -126,34 +174,34 @@ def _mhc_finish_kernel(
     # split the logits: half 0 -> pre (row 0) and post (row 1); half 1 -> comb (sums with exact zeros)
     h4 = tl.arange(0, 2)[None, :, None, None]
     pp = tl.sum(tl.where(h4 == 0, m4, 0.0), axis=1)  # [BT, HC, HC]
-    cl = tl.sum(tl.where(h4 == 1, m4, 0.0), axis=1)  # [BT, HC, HC]
     ri = tl.arange(0, HC)[None, :, None]  # row index of a [.., HC, HC] tile
     cj = tl.arange(0, HC)[None, None, :]  # column index
     hh = tl.arange(0, HC)
     pre_l = tl.sum(tl.where(ri == 0, pp, 0.0), axis=1)  # [BT, HC]
-    post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)
-
     s0 = tl.load(scale_ptr).to(tl.float32)
-    s1 = tl.load(scale_ptr + 1).to(tl.float32)
-    s2 = tl.load(scale_ptr + 2).to(tl.float32)
     b_pre = tl.load(base_ptr + hh).to(tl.float32)
-    b_post = tl.load(base_ptr + HC + hh).to(tl.float32)
-    b_comb = tl.load(base_ptr + 2 * HC + ri * HC + cj).to(tl.float32)  # [1, HC, HC]
     pre = 1.0 / (1.0 + tl.exp(-(pre_l * s0 + b_pre[None, :]))) + hc_eps  # [BT, HC]
-    post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))
+    if not HEAD:
+        post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)
+        s1 = tl.load(scale_ptr + 1).to(tl.float32)
+        s2 = tl.load(scale_ptr + 2).to(tl.float32)
+        b_post = tl.load(base_ptr + HC + hh).to(tl.float32)
+        b_comb = tl.load(base_ptr + 2 * HC + ri * HC + cj).to(tl.float32)  # [1, HC, HC]
+        post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))
 
-    # Sinkhorn: softmax rows + eps, columns, then (iters - 1) x (rows, columns)
-    z = cl * s2 + b_comb
-    e = tl.exp(z - tl.max(z, axis=2)[:, :, None])
-    c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
-    c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-    for _ in range(sinkhorn_iters - 1):
-        c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
+        # Sinkhorn: softmax rows + eps, columns, then (iters - 1) x (rows, columns)
+        cl = tl.sum(tl.where(h4 == 1, m4, 0.0), axis=1)  # [BT, HC, HC]
+        z = cl * s2 + b_comb
+        e = tl.exp(z - tl.max(z, axis=2)[:, :, None])
+        c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
         c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+        for _ in range(sinkhorn_iters - 1):
+            c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
+            c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
 
-    smask = tmask & (tok * 0 + pid_s == 0)  # split 0 stores post / comb (a tensor mask: the interpreter needs one)
-    tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=smask[:, None])
-    tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=smask[:, None, None])
+        smask = tmask & (tok * 0 + pid_s == 0)  # split 0 stores post / comb (a tensor mask: the interpreter needs one)
+        tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=smask[:, None])
+        tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=smask[:, None, None])
 
     # x_in slice: columns [pid_s * d_per_split, (pid_s + 1) * d_per_split)
     x_tok = x_ptr + tok64 * stride_xt
@@ -164,12 +212,14 @@ def _mhc_finish_kernel(
         cmask = col < D
         xv = tl.load(
             x_tok[:, None, None] + h3 * stride_xh + col[None, None, :] * stride_xd,
-            mask=tmask[:, None, None] & cmask[None, None, :], other=0.0,
+            mask=tmask[:, None, None] & cmask[None, None, :],
+            other=0.0,
         ).to(tl.float32)  # [BT, HC, BD]
         y = tl.sum(xv * pre[:, :, None], axis=1)  # [BT, BD]
         tl.store(
             xin_ptr + tok64[:, None] * D + col[None, :],
-            y.to(xin_ptr.dtype.element_ty), mask=tmask[:, None] & cmask[None, :],
+            y.to(xin_ptr.dtype.element_ty),
+            mask=tmask[:, None] & cmask[None, :],
         )
 
 
@@ -192,7 +242,7 @@ def _mix_block_t(t: int) -> int:
     return min(MIX_MAX_BLOCK_T, 16 if t <= 16 else 32 if t <= 512 else 128)
 
 
-def _launch_mix(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_mix(x: torch.Tensor, fn: torch.Tensor, head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the mix kernel on x [t, hc, d] -> (part [S, t, 2*hc*hc], sq [S, t]) fp32 partials over S slices."""
     t, hc, d = x.shape
     bt = _mix_block_t(t)
@@ -205,28 +255,72 @@ def _launch_mix(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.
     part = torch.empty((ks, t, 2 * hc * hc), dtype=torch.float32, device=x.device)
     sq = torch.empty((ks, t), dtype=torch.float32, device=x.device)
     _mhc_mix_kernel[(n_tb, ks)](
-        x, fn, part, sq,
-        t, x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1), k_chunks * bk,
-        HC=hc, D=d, BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec,
-        num_warps=MIX_NUM_WARPS, num_stages=MIX_NUM_STAGES,
+        x,
+        fn,
+        part,
+        sq,
+        t,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        fn.stride(0),
+        fn.stride(1),
+        k_chunks * bk,
+        HC=hc,
+        D=d,
+        BLOCK_T=bt,
+        BLOCK_K=bk,
+        PRECISION=prec,
+        HEAD=head,
+        num_warps=MIX_NUM_WARPS,
+        num_stages=MIX_NUM_STAGES,
     )
     return part, sq
 
 
 def _launch_finish(
-    part: torch.Tensor, sq: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+    part: torch.Tensor,
+    sq: torch.Tensor,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    rms_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    head: bool = False,
 ) -> None:
-    """Run the finish kernel: partials + x [t, hc, d] -> out = (x_in [t, d], post [t, hc], comb [t, hc, hc])."""
+    """Run the finish kernel: partials + x [t, hc, d] -> out = (x_in [t, d], post [t, hc], comb [t, hc, hc]).
+
+    head: only x_in is written (post and comb may be any tensors, e.g. x_in again).
+    """
     t, hc, d = x.shape
     bd = min(FIN_BLOCK_D, triton.next_power_of_2(d))
     n_tb = triton.cdiv(t, FIN_BLOCK_T)
     ds, d_chunks = _split(n_tb, triton.cdiv(d, bd), _target_programs(x.device), 1 << 30)
     _mhc_finish_kernel[(n_tb, ds)](
-        part, sq, x, scale, base, *out,
-        t, part.shape[0], x.stride(0), x.stride(1), x.stride(2), d_chunks * bd,
-        float(rms_eps), float(hc_eps), int(sinkhorn_iters),
-        HC=hc, D=d, BLOCK_T=FIN_BLOCK_T, BLOCK_D=bd, BLOCK_S=FIN_BLOCK_S, num_warps=FIN_NUM_WARPS,
+        part,
+        sq,
+        x,
+        scale,
+        base,
+        *out,
+        t,
+        part.shape[0],
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        d_chunks * bd,
+        float(rms_eps),
+        float(hc_eps),
+        int(sinkhorn_iters),
+        HC=hc,
+        D=d,
+        BLOCK_T=FIN_BLOCK_T,
+        BLOCK_D=bd,
+        BLOCK_S=FIN_BLOCK_S,
+        HEAD=head,
+        num_warps=FIN_NUM_WARPS,
     )
 
 
@@ -237,6 +331,16 @@ def _check_out(name: str, o: torch.Tensor, shape: tuple[int, ...], dtype: torch.
             f"out {name} must be contiguous {dtype} {list(shape)} on {device}, "
             f"got {o.dtype} {list(o.shape)} on {o.device} (contiguous={o.is_contiguous()})"
         )
+
+
+def _check_x(x: torch.Tensor) -> tuple[int, int, int]:
+    """Raise unless x is [t, hc, d] with hc a power of two >= 4; return its shape."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [t, hc, d], got shape {tuple(x.shape)}")
+    t, hc, d = x.shape
+    if hc < 4 or hc & (hc - 1):
+        raise ValueError(f"hc must be a power of two >= 4 (tl.dot needs 2*hc*hc >= 16), got {hc}")
+    return t, hc, d
 
 
 def mhc_pre_triton(
@@ -257,11 +361,7 @@ def mhc_pre_triton(
     (contiguous tensors of exactly those shapes and dtypes) when it is given, else freshly allocated.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
-    if x.dim() != 3:
-        raise ValueError(f"x must be [t, hc, d], got shape {tuple(x.shape)}")
-    t, hc, d = x.shape
-    if hc < 4 or hc & (hc - 1):
-        raise ValueError(f"hc must be a power of two >= 4 (tl.dot needs 2*hc*hc >= 16), got {hc}")
+    t, hc, d = _check_x(x)
     if tuple(fn.shape) != ((2 + hc) * hc, hc * d):
         raise ValueError(f"fn must have shape {((2 + hc) * hc, hc * d)}, got {tuple(fn.shape)}")
     if scale.numel() < 3 or base.numel() != (2 + hc) * hc:
@@ -282,3 +382,31 @@ def mhc_pre_triton(
     part, sq = _launch_mix(x, fn)
     _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
     return x_in, post, comb
+
+
+def mhc_head_triton(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    rms_eps: float = 1e-6,
+    hc_eps: float = 1e-6,
+) -> torch.Tensor:
+    """Fused mHC head, same contract as `ref.mhc.mhc_head`: two launches (mix partials, gates + stream sum).
+
+    x: [t, hc, d] bf16/fp16/fp32 (any strides); fn: [hc, hc*d] (any strides, read as fp32); scale: [1];
+    base: [hc]. hc must be a power of two >= 4 (V4: 4). Returns [t, d] in x.dtype, contiguous.
+    Shape checks only; no host sync, so it can be captured in a CUDA graph.
+    """
+    t, hc, d = _check_x(x)
+    if tuple(fn.shape) != (hc, hc * d):
+        raise ValueError(f"fn must have shape {(hc, hc * d)}, got {tuple(fn.shape)}")
+    if scale.numel() < 1 or base.numel() != hc:
+        raise ValueError(f"scale needs 1 and base {hc} values, got {scale.numel()} and {base.numel()}")
+    out = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    if t == 0 or d == 0:
+        return out
+    scale, base = scale.reshape(-1).contiguous(), base.reshape(-1).contiguous()
+    part, sq = _launch_mix(x, fn, head=True)
+    _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True)
+    return out

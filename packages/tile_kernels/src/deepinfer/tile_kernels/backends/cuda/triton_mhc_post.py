@@ -5,8 +5,9 @@ residual's dtype). The reference's einsum + multiply + add + cast is five or six
 of [t, hc, d]; here one program owns a [hc, BLOCK_D] tile of one token: reads f once and the hc residual rows
 once, writes hc rows (the floor: 2 * hc + 1 rows of d moved per token).
 
-mhc_head's stream weights depend on an RMS-normalised dot over the whole [hc * d] row; that part stays in the
-reference (`_mix_logits`); the kernel here does the weighted sum out[t, :] = sum_i pre[t, i] * x[t, i, :].
+mhc_head's stream weights depend on an RMS-normalised dot over the whole [hc * d] row. For hc >= 4 the API runs
+`triton_mhc.mhc_head_triton` (mhc_pre's kernels); for hc = 1, 2 (too few fn rows for tl.dot) the weights come
+from the reference and the kernel here does the weighted sum out[t, :] = sum_i pre[t, i] * x[t, i, :].
 No host syncs: CUDA-graph safe.
 """
 

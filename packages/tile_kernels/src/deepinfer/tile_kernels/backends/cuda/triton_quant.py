@@ -12,8 +12,12 @@ Bit-exactness, step by step against the reference:
   2^-e and 2^e are built from exponent bits (exact: e is in [-22, 127] after the floor). x * 2^-e is one
   correctly rounded fp32 multiply on both sides (fp fusion is off, nothing to contract anyway).
 * fp32 scales: scale = amax / 448 and x / scale use `tl.div_rn` (IEEE division; Triton's `/` is div.full, 2 ulp).
-* clamp to +-448 with `where` (NaN passes, as torch.clamp), then round to nearest even e4m3 (`_e4m3_rne`, exact
-  integer steps, no fp8 cast: the interpreter's cast rounds differently from the GPU's).
+* clamp to +-448 with `where` (NaN passes, as torch.clamp), then round to nearest even e4m3 (`_e4m3_rne`): on a
+  GPU (HW_CAST, set by the launchers for CUDA tensors) the hardware conversion (sm_90: one
+  cvt.rn.satfinite.e4m3x2.f32 per two values, RNE, never saturating after the clamp) and back (exact); under
+  the interpreter exact integer steps, because the interpreter's fp8 cast rounds differently from the GPU's.
+  Both give the same bytes (NaN -> 0x7F), and the integer steps cost ~15 ALU operations per element, which
+  made the quantisers ALU-bound on the H200.
 * non-finite groups: exponent 128, q NaN, dequantised NaN, fp32 2^e scale inf (the reference's ldexp(1, 128)).
 No host sync (CUDA-graph safe); blocks come from shapes only.
 """
@@ -53,8 +57,10 @@ def _nan():
 
 
 @triton.jit
-def _e4m3_rne(y):
+def _e4m3_rne(y, HW_CAST: tl.constexpr = False):
     """fp32 y (|y| <= 448 or NaN) -> (e4m3fn byte as uint8, its value as fp32), round to nearest even.
+
+    HW_CAST: the GPU's conversion instruction (RNE), NaN mapped to byte 0x7F as below. Otherwise:
 
     Done in integer / exact fp32 steps rather than with a cast, because Triton's interpreter rounds fp8 casts
     differently (ties up, lost carries) from the GPU: E = max(floor(log2 |y|), -6) (from the exponent bits; -6 is
@@ -62,6 +68,11 @@ def _e4m3_rne(y):
     (exact), m = rne(v) by the 2^23 add trick (one correctly rounded add), byte = (E + 6) * 8 + m (m = 16 or
     E = -6, m = 8 carry into the exponent field correctly), sign bit from y, NaN -> 0x7F.
     """
+    if HW_CAST:
+        f8 = y.to(tl.float8e4nv)  # round to nearest even (the default downcast rounding)
+        nan = y != y
+        byte = tl.where(nan, 0x7F, f8.to(tl.uint8, bitcast=True)).to(tl.uint8)
+        return byte, tl.where(nan, _nan(), f8.to(tl.float32))
     a = tl.abs(y)
     ebits = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
     big_e = tl.maximum(ebits - 127, -6)
@@ -89,6 +100,7 @@ def _fp8_group_kernel(
     MODE: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    HW_CAST: tl.constexpr,
 ):
     """x [rows, groups_per_row * GROUP] strided -> q [rows, n] contiguous (e4m3, or x's dtype for DEQUANT) and
     s [rows, groups_per_row] contiguous (int32 exponent or fp32 scale; not written for DEQUANT)."""
@@ -99,12 +111,21 @@ def _fp8_group_kernel(
     j = tl.arange(0, GROUP)
     mask = gmask[:, None]
     x = tl.load(x_ptr + row[:, None] * stride_xr + (col0[:, None] + j[None, :]) * stride_xc, mask=mask, other=0.0)
-    quant_tile_store(x.to(tl.float32), g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G)
+    quant_tile_store(x.to(tl.float32), g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
 
 
 @triton.jit
 def quant_tile_store(
-    x, g, gmask, q_ptr, s_ptr, inv_max, MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr
+    x,
+    g,
+    gmask,
+    q_ptr,
+    s_ptr,
+    inv_max,
+    MODE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HW_CAST: tl.constexpr = False,
 ):
     """Quantise fp32 groups x [BLOCK_G, GROUP] (global group ids g, valid where gmask) and store q (or the
     dequantised values) at q_ptr[g * GROUP + j] and the scales at s_ptr[g], as `_fp8_group_kernel` documents."""
@@ -127,7 +148,7 @@ def quant_tile_store(
         y = tl.where(bad[:, None], _nan(), y)
     y = tl.where(y > _MAX, _MAX, y)
     y = tl.where(y < -_MAX, -_MAX, y)
-    qb, qv = _e4m3_rne(y)
+    qb, qv = _e4m3_rne(y, HW_CAST)
     out = g[:, None] * GROUP + j[None, :]
     if MODE == DEQUANT:
         pw = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e
@@ -195,6 +216,7 @@ def fp8_group_quant_triton(
         MODE=_MODES[mode],
         GROUP=group,
         BLOCK_G=bg,
+        HW_CAST=x.is_cuda,
         num_warps=max(1, min(8, bg * group // 512)),
         enable_fp_fusion=False,
     )

@@ -1,20 +1,26 @@
 """Triton interleaved-pair RoPE (`ref/rope.py::apply_rope_interleaved`) over x [t, M, d] (M = middle dims).
 
-Program (i, b) takes token i and BLOCK_M of its M rows and walks the row in BLOCK_C-column steps: columns
-below d - rope_dim are copied, the others are rotated as pairs (2k, 2k+1) of the rope region. Each column is
-computed where it is stored, from its own value and its partner's (a second, cached load), so loads and
-stores stay contiguous:
+The t * M rows of x are flattened; program i takes BLOCK_M consecutive rows (for q [t, 64, 512]: 8 rows of one
+token, 16 KB moved; for kv [t, 512]: 8 tokens) and does two things:
 
-    even j = 2k: x[j] * c_k - x[j+1] * s_k        odd j = 2k+1: x[j] * c_k + x[j-1] * s_k
+* copy: columns [0, d - rope_dim) in [BLOCK_M, BLOCK_C] tiles, the stored bytes being the loaded ones (no
+  arithmetic, no per-column masks beyond the region's end): full-width vector loads and stores. Most of the
+  bytes are here (448 of 512 columns in V4), so this part decides the bandwidth.
+* rotate: the rope_dim / 2 pairs of each row as two [BLOCK_M, BLOCK_R] tiles (even and odd columns, stride 2)
+  with cos/sin of each row's token, in the reference's order, fp32:
 
-(s_k negated for `inverse`), the reference's products and sums in fp32. The launch turns Triton's fp fusion
-off (`enable_fp_fusion=False`): by default the compiler contracts `xv * c + xp * s` into one FMA, which rounds
-once where the reference (torch eager: a mul, a mul, an add) rounds three times. The two fp32 results then
-differ by up to ~4 fp32 ulps of |(a, b)|, which is more than a bf16 ulp of the output where a*c and b*s nearly
-cancel (|out| << |(a, b)|); this showed on the H200 as a 1-ulp bf16 miss at 4096 tokens. Without the FMA every
-output is the same three correctly rounded fp32 operations as the reference (the operand order of the
-commutative add differs only), so the result is bit-identical, also after the cast to bf16 (RNE both sides).
-A memory-bound kernel loses nothing by it. No host sync (CUDA-graph safe); blocks come from shapes only.
+    even 2k: a * c_k - b * s_k        odd 2k+1: a * s_k + b * c_k        (a, b) = (x[2k], x[2k+1])
+
+  (s_k negated for `inverse`).
+
+The launch turns Triton's fp fusion off (`enable_fp_fusion=False`): by default the compiler contracts
+`a * c - b * s` into one FMA, which rounds once where the reference (torch eager: a mul, a mul, an add) rounds
+three times. The two fp32 results then differ by up to ~4 fp32 ulps of |(a, b)|, which is more than a bf16 ulp
+of the output where a*c and b*s nearly cancel (|out| << |(a, b)|); this showed on the H200 as a 1-ulp bf16
+miss at 4096 tokens. Without the FMA every output is the same three correctly rounded fp32 operations as the
+reference (the operand order of the commutative add differs only), so the result is bit-identical, also after
+the cast to bf16 (RNE both sides). A memory-bound kernel loses nothing by it. No host sync (CUDA-graph safe);
+blocks come from shapes only.
 """
 
 from __future__ import annotations
@@ -29,10 +35,9 @@ from ._launch import check_runnable
 
 __all__ = ["apply_rope_interleaved_triton"]
 
-MAX_BLOCK_C = 1024  # columns per step
-TILE_ELEMS = 4096  # most elements of one [BLOCK_M, BLOCK_C] tile
+MAX_BLOCK_C = 1024  # copied columns per step
+TILE_ELEMS = 4096  # most elements of one [BLOCK_M, BLOCK_C] copy tile (8 KB of bf16 per load)
 TARGET_PROGRAMS = 512  # shrink BLOCK_M (down to 1) until the grid has about this many programs
-MAX_GRID_Y = 65535
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -42,6 +47,7 @@ def _rope_kernel(
     cos_ptr,
     sin_ptr,
     y_ptr,
+    n_rows,
     M,
     d,
     rope_start,
@@ -55,45 +61,52 @@ def _rope_kernel(
     INVERSE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
-    """x [t, M, d] (strided), cos/sin [t, (d - rope_start) / 2] (strided) -> y [t, M, d] contiguous."""
-    tok = tl.program_id(0).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    rmask = rows < M
-    x_row = x_ptr + tok * stride_xt + rows.to(tl.int64) * stride_xm  # [BM]
-    y_row = y_ptr + (tok * M + rows) * d  # [BM]
+    """x [t, M, d] (strided), cos/sin [t, (d - rope_start) / 2] (strided) -> y [t, M, d] contiguous.
+
+    Rows are the flattened t * M; BLOCK_R >= (d - rope_start) / 2 pairs per row.
+    """
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] flattened row
+    rmask = rows < n_rows
+    tok = rows // M
+    x_row = x_ptr + tok * stride_xt + (rows % M) * stride_xm  # [BM]
+    y_row = y_ptr + rows * d  # [BM]
+
+    # copy the pass-through columns: loaded bytes stored as they are
     cc = tl.arange(0, BLOCK_C)
-    for c0 in range(0, d, BLOCK_C):
-        col = c0 + cc  # [BC]
-        cmask = col < d
-        j = col - rope_start  # index inside the rope region (negative: a copied column)
-        is_rope = cmask & (j >= 0)
-        jr = tl.maximum(j, 0)
-        odd = (jr % 2) == 1
-        partner = col + tl.where(odd, -1, 1)
-        c = tl.load(cos_ptr + tok * stride_ct + (jr // 2) * stride_ck, mask=is_rope, other=1.0).to(tl.float32)
-        s = tl.load(sin_ptr + tok * stride_st + (jr // 2) * stride_sk, mask=is_rope, other=0.0).to(tl.float32)
-        if INVERSE:
-            s = -s
-        s = tl.where(odd, s, -s)  # even column: - x[j+1] * s; odd column: + x[j-1] * s
-        m2 = rmask[:, None] & cmask[None, :]
-        xv = tl.load(x_row[:, None] + col[None, :] * stride_xd, mask=m2, other=0.0).to(tl.float32)
-        xp = tl.load(
-            x_row[:, None] + partner[None, :] * stride_xd, mask=rmask[:, None] & is_rope[None, :], other=0.0
-        ).to(tl.float32)
-        y = tl.where(is_rope[None, :], xv * c[None, :] + xp * s[None, :], xv)  # BM x BC
-        tl.store(y_row[:, None] + col[None, :], y.to(y_ptr.dtype.element_ty), mask=m2)
+    for c0 in range(0, rope_start, BLOCK_C):
+        col = c0 + cc
+        m2 = rmask[:, None] & (col < rope_start)[None, :]
+        xv = tl.load(x_row[:, None] + col[None, :] * stride_xd, mask=m2)
+        tl.store(y_row[:, None] + col[None, :], xv, mask=m2)
+
+    # rotate the pairs: even column rope_start + 2k, odd column rope_start + 2k + 1
+    k = tl.arange(0, BLOCK_R)
+    pm = rmask[:, None] & (k < (d - rope_start) // 2)[None, :]  # [BM, BR]
+    c = tl.load(cos_ptr + tok[:, None] * stride_ct + k[None, :] * stride_ck, mask=pm, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + tok[:, None] * stride_st + k[None, :] * stride_sk, mask=pm, other=0.0).to(tl.float32)
+    if INVERSE:
+        s = -s
+    ev = rope_start + 2 * k  # [BR]
+    a = tl.load(x_row[:, None] + ev[None, :] * stride_xd, mask=pm, other=0.0).to(tl.float32)
+    b = tl.load(x_row[:, None] + (ev + 1)[None, :] * stride_xd, mask=pm, other=0.0).to(tl.float32)
+    tl.store(y_row[:, None] + ev[None, :], (a * c - b * s).to(y_ptr.dtype.element_ty), mask=pm)
+    tl.store(y_row[:, None] + (ev + 1)[None, :], (a * s + b * c).to(y_ptr.dtype.element_ty), mask=pm)
 
 
-def _blocks(t: int, m: int, d: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_C, num_warps) from the shape alone: small BLOCK_M when t * M is small (decode)."""
-    bc = min(MAX_BLOCK_C, max(16, triton.next_power_of_2(d)))
-    bm = min(triton.next_power_of_2(m), max(1, TILE_ELEMS // bc))
-    while bm > 1 and t * triton.cdiv(m, bm) < TARGET_PROGRAMS:
+def _blocks(rows: int, d: int, rope_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_C, BLOCK_R, num_warps) from the shape alone: small BLOCK_M when there are few rows.
+
+    A [BLOCK_M, BLOCK_C] copy tile holds up to TILE_ELEMS elements (16 per thread at 8 warps: two 16-byte
+    vectors of bf16 per load), so a program moves ~16 KB for q's and kv's 512-wide rows.
+    """
+    bc = min(MAX_BLOCK_C, max(16, triton.next_power_of_2(d - rope_dim)))
+    bm = max(1, TILE_ELEMS // max(bc, triton.next_power_of_2(d)))
+    while bm > 1 and triton.cdiv(rows, bm) < TARGET_PROGRAMS:
         bm //= 2
-    while triton.cdiv(m, bm) > MAX_GRID_Y:
-        bm *= 2
-    return bm, bc, max(1, min(8, bm * bc // 512))
+    br = max(2, triton.next_power_of_2(rope_dim // 2))
+    return bm, bc, br, max(1, min(8, bm * bc // 512))
 
 
 def apply_rope_interleaved_triton(
@@ -141,12 +154,13 @@ def apply_rope_interleaved_triton(
     if x.numel() == 0:
         return out
     x3 = x.reshape(t, m, d)  # a view whenever the middle dims merge into one stride
-    bm, bc, warps = _blocks(t, m, d)
-    _rope_kernel[(t, triton.cdiv(m, bm))](
+    bm, bc, br, warps = _blocks(t * m, d, rope_dim)
+    _rope_kernel[(triton.cdiv(t * m, bm),)](
         x3,
         cos,
         sin,
         out,
+        t * m,
         m,
         d,
         d - rope_dim,
@@ -160,6 +174,7 @@ def apply_rope_interleaved_triton(
         INVERSE=bool(inverse),
         BLOCK_M=bm,
         BLOCK_C=bc,
+        BLOCK_R=br,
         num_warps=warps,
         enable_fp_fusion=False,  # no FMA: round like the reference (module docstring)
     )
