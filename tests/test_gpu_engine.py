@@ -73,7 +73,7 @@ def test_grouped_moe_matches_loop_bf16(golden):
     assert rel4 < 1e-2
 
 
-def _decode_logits(r: ModelRunner, prompts: list[list[int]], steps: int) -> torch.Tensor:
+def _decode_logits(r: ModelRunner, prompts: list[list[int]], steps: int, prefetch: bool = False) -> torch.Tensor:
     slots = [r.cache.allocate_slot() for _ in prompts]
     for s, p in zip(slots, prompts):
         assert r.cache.reserve(s, len(p) + steps)
@@ -81,7 +81,10 @@ def _decode_logits(r: ModelRunner, prompts: list[list[int]], steps: int) -> torc
     tok = [int(x.argmax()) for x in last]
     out = []
     for i in range(steps):
-        logits = r.forward([SeqChunk(s, [t], len(p) + i, "last") for s, p, t in zip(slots, prompts, tok)])
+        chunks = [SeqChunk(s, [t], len(p) + i, "last") for s, p, t in zip(slots, prompts, tok)]
+        logits = r.forward(chunks)
+        if prefetch:
+            r.prefetch_next(chunks)  # the next step's layout, uploaded while this one runs
         out.append(torch.cat(logits))
         tok = [int(x.argmax()) for x in logits]
     for s in slots:
@@ -97,6 +100,8 @@ def test_cuda_graph_decode_matches_eager(golden):
     graphs = r.graphs
     with_graphs = _decode_logits(r, prompts, 12)
     assert graphs.graphs, "no graph was captured"
+    prefetched = _decode_logits(r, prompts, 12, prefetch=True)
+    assert torch.equal(prefetched, with_graphs), "a prefetched layout must replay exactly like a fresh upload"
     r.graphs = None
     eager = _decode_logits(r, prompts, 12)
     cos = torch.nn.functional.cosine_similarity(with_graphs.flatten(), eager.flatten(), dim=0).item()
