@@ -180,7 +180,8 @@ def bench_fast(run: Run, impl: str) -> None:
     except Exception as exc:  # noqa: BLE001
         log(f"{name}: reference comparison failed: {type(exc).__name__}: {exc}")
         matches = None
-    used = type(buf._fast).__name__ if buf._fast else "reference (fast path unavailable)"
+    # "IntranodeNormal/triton" = the fused kernels ran; ".../torch" under fast-triton = their probe failed
+    used = f"{type(buf._fast).__name__}/{buf._fast.impl}" if buf._fast else "reference (fast path unavailable)"
     kw = {"matches_reference": matches, "path": used}
     args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"]}
     h2 = c["hidden"] * 2

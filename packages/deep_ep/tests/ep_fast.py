@@ -8,6 +8,7 @@ holes, a token routed nowhere, and per-rank token counts that differ (rank 1 may
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -70,6 +71,9 @@ def check_fast_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: in
     for payload in (x, x8, (x8[0], x8[1].to(torch.float8_e8m0fnu))):  # bf16, FP8 + fp32 / e8m0 scales
         got = buf.dispatch(payload, topk_idx=idx, topk_weights=w, num_experts=num_experts, expert_alignment=3)
         assert isinstance(buf._fast, IntranodeNormal), "the fast path did not run"
+        wanted = os.environ.get("DEEPINFER_DEEP_EP_IMPL", "triton")
+        assert buf._fast.impl == wanted, f"impl {wanted} fell back to {buf._fast.impl} (its probe failed)"
+        assert (got[4].send_pos is not None) == (wanted == "triton"), "fused handles carry send_pos"
         want = ref.dispatch(comm, payload, idx, w, num_experts, None, 3)
         for i, name in enumerate(("recv_x", "recv_topk_idx", "recv_topk_weights")):
             assert same_bits(got[i], want[i]), f"rank {rank}: {name} differs from the reference"

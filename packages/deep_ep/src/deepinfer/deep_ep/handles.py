@@ -34,6 +34,9 @@ class DispatchHandle:
     # Fast path only: M[s][d] = rows rank s sent to rank d (every rank's offsets derive from it); None
     # when the reference made the handle.
     count_matrix: list[list[int]] | None = None
+    # Fused fast path only: int64 [world, num_tokens], the send position of token t's row for rank d (its
+    # index into send_token_idx), -1 where t was not sent to d; combine's reduction reads it as is.
+    send_pos: torch.Tensor | None = None
 
     @property
     def num_recv_tokens(self) -> int:

@@ -3,11 +3,20 @@
 Same contract and bit-identical outputs as `reference.py` (see `Buffer.dispatch` / `Buffer.combine`).
 Per dispatch: one exchange of a small int64 row per rank (rows per destination, tokens per expert, and
 a shape signature), one barrier and ONE host synchronisation (the count lists the API returns); then
-each rank gathers its rows for rank d directly into d's buffer at the offset the count matrix gives
-(`_plan.Plan`), a barrier, and each rank copies its received rows out (rows it sends to itself are
-gathered from x directly). Combine writes each returned block into its source's buffer at the source's
-send offset (a contiguous copy), a barrier, and the source sums the rows per token in rank order in
-float32 (a Triton kernel), reading its own rows from y in place.
+each rank writes its rows for rank d directly into d's buffer at the offset the count matrix gives
+(`_plan.Plan`), a barrier, and each rank copies its received rows out. Combine writes each returned
+block into its source's buffer at the source's send offset (a contiguous copy), a barrier, and the
+source sums the rows per token in rank order in float32 (a Triton kernel), reading its own rows from y
+in place.
+
+Two row movers (`DEEPINFER_DEEP_EP_IMPL`):
+- "triton" (default): the fused kernels of `_fused.py` / `backends/triton/fused.py`: one launch computes
+  the layout, every token's send position and the exchange row; one launch per destination moves every
+  field (payload, scales, local top-k ids / weights, token index); one launch copies the peers' blocks
+  out. The handle keeps the send positions, so combine's Triton reduction needs no index building.
+  Cached dispatch needs no index work at all: it moves rows with index_select (`_move`) under both impls.
+- "torch": torch ops only (layout, argsort, index_select, copy_, index_add_): the fallback when the
+  Triton kernels fail their probe on some rank.
 
 Buffers: see `_transport.py`. Each op starts with a barrier (or the count exchange, which ends in one)
 before writing into a peer, so a peer has finished reading what the previous op left there.
@@ -25,7 +34,6 @@ from .handles import DispatchHandle
 from .reference import XPayload, _local_routing, layout_nocheck
 
 COUNTS_BYTES = 1 << 20  # head of the buffer: the exchanged count rows (R rows of R + E + SIG int64)
-TRITON_MIN_ROW_BYTES = 512  # rows narrower than this move with index_select (a Triton launch costs more)
 SIG = 8  # columns after the counts: payload code, hidden, scales width, k, t, idx min, idx max, bad layout
 
 
@@ -64,6 +72,7 @@ class IntranodeNormal:
         self.transport: Transport = make_transport(group, device, max(num_nvl_bytes, 2 * COUNTS_BYTES))
         self.rank, self.world, self.device, self.impl = self.transport.rank, self.transport.world, device, impl
         self.group, self._exchanges = group, 0
+        self._pos_scratch: torch.Tensor | None = None  # the fused dispatch's position table (grow-only)
         if impl == "triton" and not _agree(group, device, self._probe()):
             # e.g. Triton refusing a peer pointer: the torch movers need nothing but copies and index_select
             import warnings
@@ -91,28 +100,43 @@ class IntranodeNormal:
             mine = _region(self.transport.buffer(self.rank), COUNTS_BYTES, 2 * self.world, words * 4)
             want = torch.cat([src[idx] - 1000 * self.rank + 1000 * r for r in range(self.world)])
             ok = ok and torch.equal(mine, want) and _probe_reduce(dev)
+            if ok and self.impl == "triton":  # the fused dispatch kernels too
+                from ._fused import probe
+
+                ok = probe(dev, self.world)
         except Exception:  # noqa: BLE001
             ok = False
         self.transport.barrier()  # everyone has read the probe rows before real traffic lands there
         return ok
 
     # -- count exchange -------------------------------------------------------------------------------------
-    def _exchange(self, row: torch.Tensor) -> list[list[int]]:
-        """Write our int64 row into slot `rank` of every rank's count area; barrier; return all rows."""
-        width, half = row.shape[0], COUNTS_BYTES // 2
+    def _exchange_slot(self, width: int) -> tuple[int, torch.Tensor]:
+        """Byte offset of this exchange's row area, and our int64 [width] slot in OUR buffer's area."""
+        half = COUNTS_BYTES // 2
         if self.world * width * 8 > half:
-            raise ValueError(f"num_experts: too many for the fast path's count area ({width - SIG} columns)")
+            raise ValueError(f"num_experts: too many for the fast path's count area ({width} columns)")
         # Alternate halves: a peer that left the previous exchange early (it raised on bad input, as we
         # did) may write this exchange's row while we still read the previous one.
         base = (self._exchanges % 2) * half
         self._exchanges += 1
-        src = row.view(torch.uint8)
-        for r in range(self.world):
-            at = base + self.rank * width * 8
-            self.transport.buffer(r)[at : at + width * 8].copy_(src)
+        at = base + self.rank * width * 8
+        return base, self.transport.buffer(self.rank)[at : at + width * 8].view(torch.int64)
+
+    def _exchange(self, row: torch.Tensor, slot: tuple[int, torch.Tensor] | None = None) -> list[list[int]]:
+        """Write our int64 row into slot `rank` of every rank's count area; barrier; return all rows.
+
+        slot: from `_exchange_slot` when `row` already IS our slot (the fused layout kernel wrote it there).
+        """
+        width = row.shape[0]
+        base, mine = slot if slot is not None else self._exchange_slot(width)
+        at = base + self.rank * width * 8
+        if slot is None:
+            mine.copy_(row)
+        for r in _peers(self.rank, self.world):
+            self.transport.buffer(r)[at : at + width * 8].copy_(mine.view(torch.uint8))
         self.transport.barrier()
-        mine = self.transport.buffer(self.rank)[base : base + self.world * width * 8].view(torch.int64)
-        return mine.reshape(self.world, width).tolist()  # the one host synchronisation of a dispatch
+        area = self.transport.buffer(self.rank)[base : base + self.world * width * 8].view(torch.int64)
+        return area.reshape(self.world, width).tolist()  # the one host synchronisation of a dispatch
 
     def _exchange_row(self, per_rank, per_expert, sig: list[int], idx, mismatch) -> torch.Tensor:
         """[rows per rank (R) | tokens per expert (E) | sig (payload code, hidden, k, t) | idx min, max | bad]."""
@@ -125,6 +149,10 @@ class IntranodeNormal:
     # -- dispatch -------------------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, num_experts, is_token_in_rank, expert_alignment):
         """Fast `reference.dispatch` (same arguments and results)."""
+        if self.impl == "triton":  # fused kernels: 1 layout launch, 1 push per rank, 1 copy-out
+            from . import _fused
+
+            return _fused.dispatch(self, x, topk_idx, topk_weights, num_experts, is_token_in_rank, expert_alignment)
         idx = topk_idx.to(torch.int64)
         t, world, rank = idx.shape[0], self.world, self.rank
         # Out-of-range ids become -1 for the layout (an index past E would fault on the GPU); the exchanged
@@ -180,8 +208,9 @@ class IntranodeNormal:
             buf, at = self.transport.buffer(d), plan.recv_off(rank, d)
             for w, off, rb in zip(words, offs, widths):
                 dst = _region(buf, COUNTS_BYTES + off + at * rb, n, rb)
-                # Triton for payload rows; the small rows (scales, metadata) go with one cheap torch launch
-                _gather(w, send_tok[so : so + n], dst, self.impl if rb >= TRITON_MIN_ROW_BYTES else "torch")
+                # index_select, with either impl: over NVLink it moves rows as fast as the Triton gather (101
+                # vs 102 us, 2026-11-30) and costs the host less to launch (cached dispatch: 210 vs 287 us)
+                _gather(w, send_tok[so : so + n], dst, "torch")
         self.transport.barrier()
         return [self._copy_out(w, off, rb, send_tok, plan) for w, off, rb in zip(words, offs, widths)]
 
@@ -234,7 +263,7 @@ class IntranodeNormal:
         if is_x and self.impl == "triton" and f.dim() == 2:
             from .backends.triton.rows import combine_reduce_triton
 
-            pos = _position_map(handle, plan, rank)
+            pos = handle.send_pos if handle.send_pos is not None else _position_map(handle, plan, rank)
             combine_reduce_triton(pos, back, f, out, (lo, hi), shift)
             return out
         acc = torch.zeros((t, *f.shape[1:]), dtype=torch.float32, device=f.device)
@@ -314,7 +343,7 @@ def _check_rows(rows: list[list[int]], world: int, num_experts: int, rank: int) 
     hi = max(r[world + num_experts + 6] for r in rows)
     if lo < -1 or hi >= num_experts:
         raise ValueError(f"topk_idx: expected expert ids in [-1, {num_experts - 1}], got values in [{lo}, {hi}]")
-    bad = [r for r, row in enumerate(rows) if row[-1]]
+    bad = [r for r, row in enumerate(rows) if any(row[world + num_experts + 7 :])]  # 1 (torch) or R flags
     if bad:  # raised on every rank: a rank that went on alone would wait for the others forever
         raise ValueError(f"is_token_in_rank: does not match the layout of topk_idx on rank(s) {bad}")
     return Plan.of([r[:world] for r in rows])
