@@ -34,6 +34,13 @@ def test_backend_module_is_identical_in_every_kernel_package() -> None:
     assert len(set(texts.values())) == 1, "copy packages/tile_kernels/.../_backend.py to the other packages"
 
 
+def test_ascend_core_is_identical_everywhere():
+    """backends/ascend/_core.py (dispatch, lazy torch_npu, fallback rules) is one file copied per package, like
+    _backend.py, so each wheel installs alone."""
+    texts = {p: (ROOT / f"packages/{p}/src/deepinfer/{p}/backends/ascend/_core.py").read_text() for p in KERNEL_PKGS}
+    assert len(set(texts.values())) == 1, "copy packages/tile_kernels/.../backends/ascend/_core.py to the others"
+
+
 @pytest.mark.parametrize("pkg", ALL_PKGS)
 def test_pyproject_agrees_with_layout(pkg: str) -> None:
     meta = _pyproject(pkg)
