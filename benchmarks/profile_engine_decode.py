@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine_v4flash import SMOKE, _prompts, _sync  # noqa: E402
-from v4flash_model import hf_config, official_config, quantise_to_official, randomise_  # noqa: E402
+from bench_engine_v4flash import _prompts, _sync, build  # noqa: E402
 
 # (module, attribute path, label): engine functions whose kernels are summed under one label.
 REGIONS = [
@@ -57,23 +56,22 @@ def _label(module: str, path: str, label: str) -> None:
 
 
 def build_runner(args, dev: torch.device):
-    from transformers import DeepseekV4ForCausalLM
-
+    """The benchmark's model (bench_engine_v4flash.build), without keeping the transformers copy."""
     from deepinfer.engine.config_parse import config_from_dict
     from deepinfer.engine.runner import ModelRunner
 
-    cfg = hf_config(args.layers, **(SMOKE if args.smoke else {}))
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device(dev):
-        model = DeepseekV4ForCausalLM(cfg).eval()
-    torch.set_default_dtype(torch.float32)
-    randomise_(model, seed=0)
-    official = quantise_to_official(model)
+    model, official, off_cfg = build(args, dev)
     del model
     batches = [int(x) for x in args.batches.split(",")]
-    return ModelRunner(config_from_dict(official_config(cfg)), official, dtype=torch.bfloat16, device=dev,
-                       max_num_seqs=max(batches), max_model_len=args.prompt_len + args.steps + 8,
-                       gpu_memory_utilization=0.92)
+    return ModelRunner(
+        config_from_dict(off_cfg),
+        official,
+        dtype=torch.bfloat16,
+        device=dev,
+        max_num_seqs=max(batches),
+        max_model_len=args.prompt_len + args.steps + 8,
+        gpu_memory_utilization=0.92,
+    )
 
 
 def _prefill(runner, b: int, n: int, dev: torch.device) -> list[int]:

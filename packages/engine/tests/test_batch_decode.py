@@ -1,4 +1,4 @@
-"""The numpy decode-step builder equals build_step's host path field by field."""
+"""The numpy decode-step builder equals build_step (on a CPU pool) field by field."""
 
 from __future__ import annotations
 
@@ -48,5 +48,5 @@ def test_decode_builder_matches_build_step() -> None:
         sl = [slots[i] for i in order] + [pool.dummy_slot]
         pos.append(0)
         toks.append(0)
-        want = build_step(pool, [[t] for t in toks], pos, sl, ratios, static_width=True, on_host=True)
+        want = build_step(pool, [[t] for t in toks], pos, sl, ratios, static_width=True)  # CPU pool
         _same(build_decode_host(pool, toks, pos, sl, ratios), want)

@@ -32,9 +32,9 @@ def graphs() -> DecodeGraphs:
     ratios = {r for r in cfg.compress_ratios if r}
     pool = CachePool(cfg, num_slots=6, num_blocks=40, max_model_len=600, dtype=torch.float32, device="cpu")
     runner = SimpleNamespace(cache=pool, model=SimpleNamespace(compress_ratios=ratios))
-    runner.step_batch = lambda chunks, static_width=False, on_host=False: build_step(  # noqa: E731
+    runner.step_batch = lambda chunks, static_width=False: build_step(  # noqa: E731
         pool, [c.token_ids for c in chunks], [c.start_pos for c in chunks], [c.slot for c in chunks], ratios,
-        static_width, on_host,
+        static_width,
     )
     g = DecodeGraphs.__new__(DecodeGraphs)
     g.runner, g.buckets, g._ready = runner, [4], None

@@ -60,7 +60,9 @@ def _cublas_ok(a: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bo
 
 
 def _smallm_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """The small-m Triton path applies (m <= 64 bf16 rows on CUDA, Triton importable)."""
+    """The small-m Triton path applies (opted in, m <= 64 bf16 rows on CUDA, Triton importable)."""
+    if os.environ.get("DEEPINFER_DEEP_GEMM_SMALLM", "0") != "1":  # off by default: skip the rest on every call
+        return False
     if not (a.is_cuda and a.shape[0] <= 64 and use_triton(a.device)):
         return False
     from .backends.cuda.triton_bf16_smallm import applies

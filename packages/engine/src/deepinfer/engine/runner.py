@@ -96,10 +96,10 @@ class ModelRunner:
             if c.want not in ("last", "all", "none"):
                 raise ValueError(f"want must be 'last', 'all' or 'none', got {c.want!r}")
 
-    def step_batch(self, chunks: list[SeqChunk], static_width: bool = False, on_host: bool = False) -> StepBatch:
+    def step_batch(self, chunks: list[SeqChunk], static_width: bool = False) -> StepBatch:
         return build_step(
             self.cache, [c.token_ids for c in chunks], [c.start_pos for c in chunks], [c.slot for c in chunks],
-            self.model.compress_ratios, static_width, on_host,
+            self.model.compress_ratios, static_width,
         )
 
     @torch.inference_mode()

@@ -59,16 +59,14 @@ def build_step(
     slots: list[int],
     ratios: set[int],
     static_width: bool = False,
-    on_host: bool = False,
 ) -> StepBatch:
     """Lay out a step and build the shared index lists for the given compress `ratios` (0 excluded).
 
     static_width: size the HCA index lists for the longest possible sequence (CUDA graphs need fixed shapes)
-    instead of the longest one in this step. on_host: build every tensor on the CPU (from the pool's host block
-    table) so a CUDA-graph step costs one copy per tensor instead of dozens of small kernel launches.
+    instead of the longest one in this step. Decode steps on the CUDA-graph path are laid out on the host by
+    `batch_decode.build_decode_host` instead (same tensors).
     """
-    dev = torch.device("cpu") if on_host else pool.device
-    table = pool.block_table_host if on_host else pool.block_table
+    dev = pool.device
     lens = [len(t) for t in token_ids]
     cu = [0]
     for n in lens:
@@ -89,7 +87,7 @@ def build_step(
     b.chunk_end = torch.tensor([s + n for s, n in zip(starts, lens)], dtype=torch.int64, device=dev)[b.tok_seq]
     _window_indices(b, pool)
     for r in sorted(ratios):
-        b.comp[r] = _compressed_view(b, pool, r, static_width, table)
+        b.comp[r] = _compressed_view(b, pool, r, static_width)
     return b
 
 
@@ -108,13 +106,9 @@ def _window_indices(b: StepBatch, pool: CachePool) -> None:
     b.win_new_idx = torch.where(valid & in_chunk, cu + (kpos - start), -1).to(torch.int32)
 
 
-def entry_rows(
-    pool: CachePool, slots: torch.Tensor, entries: torch.Tensor, rows_per_block: int,
-    table: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Pool rows of compressed entries. slots: [T], entries: [T, k] int (-1 = none); table: the block table to
-    read (default: the pool's device table)."""
-    table = pool.block_table if table is None else table
+def entry_rows(pool: CachePool, slots: torch.Tensor, entries: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """Pool rows of compressed entries. slots: [T], entries: [T, k] int (-1 = none)."""
+    table = pool.block_table
     valid = entries >= 0
     e = entries.clamp(min=0).long()
     blocks = table[slots[:, None], e // rows_per_block].long()
@@ -122,9 +116,7 @@ def entry_rows(
     return torch.where(valid & (blocks >= 0), rows, -1).to(torch.int32)
 
 
-def _compressed_view(
-    b: StepBatch, pool: CachePool, ratio: int, static_width: bool, table: torch.Tensor
-) -> CompressedView:
+def _compressed_view(b: StepBatch, pool: CachePool, ratio: int, static_width: bool) -> CompressedView:
     rpb = pool.block_tokens // ratio
     visible = torch.div(b.positions + 1, ratio, rounding_mode="floor").to(torch.int32)
     all_rows = None
@@ -135,5 +127,5 @@ def _compressed_view(
             width = int(visible.max().item()) if b.num_tokens else 0
         j = torch.arange(width, device=visible.device)[None, :].expand(b.num_tokens, width)
         ent = torch.where(j < visible[:, None], j, -1)
-        all_rows = entry_rows(pool, b.slots[b.tok_seq], ent, rpb, table)
+        all_rows = entry_rows(pool, b.slots[b.tok_seq], ent, rpb)
     return CompressedView(ratio, rpb, visible, all_rows)

@@ -1,8 +1,8 @@
 """Host-side layout of a decode step (one token per sequence), built with numpy for the CUDA-graph path.
 
-`build_step(on_host=True)` builds the same tensors with torch CPU ops: a few dozen small ops, each with several
-microseconds of dispatch overhead, which on the GPU machines measured 1-2.6 ms per step, serialised with the GPU
-work of every decode step. A decode step's layout is simple enough (chunk i is token i at position p_i) to build
+Built with torch ops on the host (as `build_step` would on a CPU pool), the same tensors took a few dozen small
+ops, each with several microseconds of dispatch overhead: 1-2.6 ms per step on the GPU machines, serialised with
+the GPU work of every decode step. A decode step's layout is simple enough (chunk i is token i at position p_i) to build
 in a handful of vectorised numpy operations; the result is identical (tests/test_batch_decode.py).
 """
 
@@ -28,7 +28,7 @@ def build_decode_host(
     pool: CachePool, token_ids: list[int], positions: list[int], slots: list[int], ratios: set[int]
 ) -> StepBatch:
     """StepBatch (CPU tensors, fixed HCA width) of a decode step: token i at positions[i] of the sequence in
-    slots[i]. Equal to `build_step(pool, [[t] for t in token_ids], positions, slots, ratios, True, True)`."""
+    slots[i]. Equal to `build_step(pool, [[t] for t in token_ids], positions, slots, ratios, True)` on a CPU pool."""
     t = len(token_ids)
     pos = np.asarray(positions, dtype=np.int64)
     slot = np.asarray(slots, dtype=np.int64)
