@@ -15,6 +15,7 @@ the same arguments.
 
 from __future__ import annotations
 
+import abc
 import os
 import uuid
 import warnings
@@ -25,23 +26,24 @@ import torch.distributed as dist
 from ._plan import grown_size
 
 
-class Transport:
+class Transport(abc.ABC):
     """Interface: rank, world, `buffer(r)` (rank r's byte buffer, writable from here), `barrier()`, `ensure(n)`."""
 
     rank: int
     world: int
     nbytes: int
 
+    @abc.abstractmethod
     def buffer(self, r: int) -> torch.Tensor:
         """uint8 [nbytes] view of rank r's buffer."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def barrier(self) -> None:
         """Every rank's earlier writes (into any buffer) are visible to every rank's later reads."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _alloc(self, nbytes: int) -> None:
-        raise NotImplementedError
+        """(Re)allocate this rank's buffer with `nbytes` bytes (collective)."""
 
     def ensure(self, need: int) -> None:
         """Grow every rank's buffer to hold `need` bytes (collective: every rank passes the same `need`).
@@ -52,6 +54,7 @@ class Transport:
         if need > self.nbytes:
             self._alloc(grown_size(need, self.nbytes))
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Drop the buffers."""
 
