@@ -11,6 +11,7 @@
 #   engine                         benchmarks/bench_engine_v4flash.py -> engine.json / engine.log
 #   profile                        benchmarks/profile_engine_decode.py (batch 32) -> profile.json / profile.log
 #   bench:<pkg>                    packages/<pkg>/benchmarks/bench_<pkg>.py -> bench-<pkg>.json / .log
+#   script:<name>:<path>           another benchmark script, run with --out <name>.json -> <name>.json / .log
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 WORK=${WORK:-build/gpu-quick}
@@ -18,10 +19,21 @@ mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 
+# Packages build in parallel (compiled CUDA C++, e.g. CUTLASS instantiations, dominates); CUTLASS headers come from
+# build/third_party/cutlass_include when the caller carried that folder.
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+[[ -d build/third_party/cutlass_include ]] && export CUTLASS_INCLUDE_DIR=$PWD/build/third_party/cutlass_include
+TI=$(date +%s)
 for p in tile_kernels deep_select flash_mla deep_gemm deep_ep engine kernelkit; do
-  DEEPINFER_DEVICE=cuda python3 -m pip install -q --no-build-isolation --no-deps -e "packages/$p" \
-    >>"$WORK/install.log" 2>&1 || echo "install $p failed (see install.log)"
+  dev=cuda  # DI_CPU_PKGS="pkg ...": build those without compiled sources (their Triton paths still run)
+  [[ " ${DI_CPU_PKGS:-} " == *" $p "* ]] && dev=cpu
+  (DEEPINFER_DEVICE=$dev python3 -m pip install -q --no-build-isolation --no-deps -e "packages/$p" \
+    >"$WORK/install-$p.log" 2>&1 || echo "install $p failed: $(tail -5 "$WORK/install-$p.log")") &
 done
+wait
+echo "== installed in $(($(date +%s) - TI)) s; compiled: $(python3 -c 'import importlib as i
+print([p for p in ("tile_kernels","deep_select","flash_mla","deep_gemm","deep_ep")
+       if i.import_module(f"deepinfer.{p}._build_info").COMPILED_BACKENDS])' 2>&1 | tail -1)"
 
 part() {  # part <spec>: run one part, print a short summary
   local spec=$1 kind rest name paths pkg
@@ -50,6 +62,11 @@ part() {  # part <spec>: run one part, print a short summary
         >"$WORK/bench-$pkg.log" 2>&1
       echo "== bench $pkg rc=$?"
       tail -2 "$WORK/bench-$pkg.log" | cut -c1-200 ;;
+    script)  # script:<name>:<path>: a benchmark script other than bench_<pkg>.py, run with --out <name>.json
+      name=${rest%%:*}
+      timeout 300 python3 "${rest#*:}" --out "$WORK/$name.json" >"$WORK/$name.log" 2>&1
+      echo "== script $name rc=$?"
+      tail -2 "$WORK/$name.log" | cut -c1-200 ;;
     *) echo "== unknown part $spec" ;;
   esac
 }

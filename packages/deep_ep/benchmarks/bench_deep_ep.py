@@ -12,8 +12,11 @@ payload bytes that cross NVLink (rows sent to OTHER ranks x payload bytes per ro
 NCCL reference path (`reference.py`: layout + all_to_all_single, what the Buffer ran before) and vs a bare
 `all_to_all_single` of the same payload (no layout, no packing) timed in the same run. `matches_reference`
 says whether the fast path's outputs were bit-identical to the reference's on these inputs. The JSON (rank 0)
-is written after every case, so a partial run leaves a file; each rank exits after DEADLINE_S (85 s).
-Low-latency mode (reference only, NCCL) is timed at 1 / 32 / 128 tokens per rank for the record.
+is written after every case, so a partial run leaves a file; each rank exits after DEADLINE_S (110 s).
+Low-latency mode at 1 / 32 / 128 tokens per rank: dispatch bf16 / FP8, combine, and dispatch (FP8) +
+combine, through the fast path (`fast-ll`: eager calls; `fast-ll-graph`: the pair replayed from a CUDA graph,
+GPU time only, how decode runs it) and the NCCL reference (`reference_ll`); GB/s counts the (token, expert)
+rows sent to other ranks.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from deepinfer.deep_ep import reference as ref  # noqa: E402
 from deepinfer.deep_ep._comm import Comm  # noqa: E402
 from kernelkit import H200_CEILINGS, bench_cuda, gbps, pct_of, write_results_json  # noqa: E402
 
-DEADLINE_S = 85.0  # a rank still running then exits (a hung collective must not eat the GPU session)
+DEADLINE_S = 110.0  # a rank still running then exits (a hung collective must not eat the GPU session)
 FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
@@ -81,9 +84,15 @@ class Run:
         self.sent = per_rank.tolist()  # rows to each rank
         self.cross_rows = sum(n for r, n in enumerate(self.sent) if r != self.rank)
 
-    def time(self, fn) -> dict:
-        """Median etc. of fn on every rank; the slowest rank's median (the op ends when every rank is done)."""
-        stats = bench_cuda(fn, warmup=self.warmup, rep=self.rep, mode="events")  # collectives: no graph capture
+    def time(self, fn, mode: str = "events") -> dict:
+        """Median etc. of fn on every rank; the slowest rank's median (the op ends when every rank is done).
+
+        mode "events" (eager calls, host launch cost included; NCCL collectives cannot be captured) or
+        "graph" (replays of a captured CUDA graph: the LL fast path, as decode runs it)."""
+        if mode == "graph":
+            stats = _graph_stats(fn, self.warmup, self.rep)
+        else:
+            stats = bench_cuda(fn, warmup=self.warmup, rep=self.rep, mode=mode)
         everyone = [None] * self.world
         dist.all_gather_object(everyone, stats["median_us"], group=self.group)
         return {**stats, "median_us": max(everyone), "rank_median_us": everyone}
@@ -113,11 +122,13 @@ class Run:
         rec = {"op": op, "impl": impl, "ranks": self.world, "tokens_per_rank": self.cfg["tokens"],
                "hidden": self.cfg["hidden"], "topk": self.cfg["topk"], "experts": self.cfg["experts"],
                "error": None, **extra}  # fmt: skip
+        mode = rec.pop("timer_mode", "events")
         try:
-            st = self.time(fn)
+            st = self.time(fn, mode)
             rec.update(median_us=st["median_us"], p10_us=st["p10"], p90_us=st["p90"], timer=st["timer"])
             rec["rank_median_us"] = st["rank_median_us"]
-            rec["host_us"] = self.host_us(fn, 2 if self.smoke else 5)
+            if mode == "events":
+                rec["host_us"] = self.host_us(fn, 1 if self.smoke else 5)
             if nbytes is not None:
                 rec["crossing_bytes_per_rank"] = nbytes
                 rec["gbps"] = gbps(nbytes, st["median_us"])
@@ -128,7 +139,7 @@ class Run:
         self.records.append(rec)
         us = rec.get("median_us")
         if self.rank == 0:
-            log(f"[{time.strftime('%X')}] {op:<24} {impl:<14} " + (f"{us:9.1f} us" if us else rec["error"] or ""))
+            log(f"[{time.strftime('%X')}] {op:<26} {impl:<14} " + (f"{us:9.1f} us" if us else rec["error"] or ""))
         self.save()
         return rec
 
@@ -140,6 +151,38 @@ class Run:
                 "smoke": self.smoke, "ceiling": "nvlink_peer_copy_gbps", "ceiling_gbps": CEILING,
                 "baselines": ["nccl-reference", "nccl-a2a-only"]}  # fmt: skip
         write_results_json(self.out, self.records, meta)
+
+
+def _graph_stats(fn, warmup: int, rep: int, calls: int = 8) -> dict:
+    """GPU time per call of fn replayed from CUDA graphs, as kernelkit.bench_cuda(mode="graph") measures it
+    (a graph of `calls` x (L2 flush, fn) minus a graph of the flushes alone), but captured thread-locally:
+    the NCCL watchdog thread may query events meanwhile, which a global-mode capture refuses. Every rank
+    makes exactly the same calls (the LL kernels wait for each other), so no rank can fall out of step."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    flush = torch.empty(256 << 18, dtype=torch.int32, device="cuda")  # 256 MiB: more than the L2
+
+    def capture(body) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(calls):
+                flush.zero_()
+                body()
+        return graph
+
+    work, only = capture(fn), capture(lambda: None)
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(rep)]
+    for e0, e1, e2 in ev:
+        e0.record()
+        work.replay()
+        e1.record()
+        only.replay()
+        e2.record()
+    torch.cuda.synchronize()
+    us = sorted(max(0.0, (e0.elapsed_time(e1) - e1.elapsed_time(e2)) * 1e3 / calls) for e0, e1, e2 in ev)
+    pick = lambda q: us[min(len(us) - 1, int(q * len(us)))]  # noqa: E731
+    return {"median_us": pick(0.5), "p10": pick(0.1), "p90": pick(0.9), "timer": "cuda_graph"}
 
 
 def _speedups(records: list[dict]) -> None:
@@ -245,21 +288,94 @@ def bench_reference(run: Run) -> None:
     run.record("combine bf16", "nccl-a2a-only", run.cross_bytes(h2, combine=True), back)
 
 
-def bench_low_latency(run: Run) -> None:
-    """Low-latency dispatch + combine (reference over NCCL: no fast path yet) at decode batch sizes."""
+def _ll_inputs(run: Run, t: int) -> tuple:
+    """The first t tokens of this rank, and random expert outputs [E_local, t * R, hidden] (bf16)."""
     c = run.cfg
-    buf = Buffer(run.group)
-    for t in c["ll_tokens"]:
-        x, idx, w = run.x[:t], run.idx[:t], run.w[:t]
-        recv, _, handle, _ = buf.low_latency_dispatch(x, idx, t, c["experts"], use_fp8=True)
-        e_local = c["experts"] // run.world
-        y = torch.randn(e_local, t * run.world, c["hidden"], device=run.device).bfloat16()
+    e_local = c["experts"] // run.world
+    g = torch.Generator().manual_seed(99 + run.rank)
+    y = torch.randn(e_local, t * run.world, c["hidden"], generator=g).bfloat16().to(run.device)
+    return run.x[:t].contiguous(), run.idx[:t].contiguous(), run.w[:t].contiguous(), y
 
-        def both(x=x, idx=idx, w=w, t=t, y=y) -> None:
-            _, _, h, _ = buf.low_latency_dispatch(x, idx, t, c["experts"], use_fp8=True)
-            buf.low_latency_combine(y, idx, w, h)
 
-        run.record(f"ll dispatch+combine t={t}", "nccl-reference", None, both)
+def _ll_cross_bytes(run: Run, idx: torch.Tensor, row_bytes: int) -> float:
+    """Mean over ranks of the (token, expert) rows a rank sends to OTHER ranks, x row_bytes."""
+    owner = idx // (run.cfg["experts"] // run.world)
+    rows = int(((idx >= 0) & (owner != run.rank)).sum())
+    everyone = [None] * run.world
+    dist.all_gather_object(everyone, rows * row_bytes, group=run.group)
+    return sum(everyone) / run.world
+
+
+def _ll_matches(run: Run, buf: Buffer, t: int) -> bool:
+    """Fast LL dispatch (FP8) rows / counts equal reference_ll's, combine within 1 bf16 ulp + fp32 order, all ranks."""
+    from deepinfer.deep_ep import reference_ll as ref_ll
+
+    c = run.cfg
+    x, idx, w, y = _ll_inputs(run, t)
+    got = buf.low_latency_dispatch(x, idx, t, c["experts"], use_fp8=True)
+    want = ref_ll.low_latency_dispatch(run.comm, x, idx, t, c["experts"], True, False, False)
+    count = want[1].cpu()
+    ok = torch.equal(got[1].cpu(), count)
+    keep = torch.arange(t * run.world)[None, :] < count[:, None]
+    for a, b in zip(got[0], want[0]):
+        ok &= torch.equal(a.cpu()[keep].view(torch.uint8), b.cpu()[keep].view(torch.uint8))
+    out = buf.low_latency_combine(y, idx, w, got[2])[0].float().cpu()
+    ref_out = ref_ll.low_latency_combine(run.comm, y, idx, w, want[2], None).float().cpu()
+    mag = ref_ll.low_latency_combine(run.comm, y.float().abs(), idx, w, want[2], None).cpu()
+    ok &= bool(((out - ref_out).abs() <= 2.0**-7 * mag + 2 * (c["topk"] + 1) * 2.0**-24 * mag).all())
+    everyone = [None] * run.world
+    dist.all_gather_object(everyone, bool(ok), group=run.group)
+    return all(everyone)
+
+
+def _ll_ops(run: Run, buf: Buffer, t: int) -> dict:
+    """op name -> (callable, crossing bytes) for one token count: dispatch bf16 / FP8, combine, both."""
+    c = run.cfg
+    h, e = c["hidden"], c["experts"]
+    x, idx, w, y = _ll_inputs(run, t)
+    _, _, handle, _ = buf.low_latency_dispatch(x, idx, t, e, use_fp8=True)
+    b_bf16, b_fp8 = _ll_cross_bytes(run, idx, 2 * h), _ll_cross_bytes(run, idx, h + h // 32)
+
+    def both() -> None:
+        _, _, hd, _ = buf.low_latency_dispatch(x, idx, t, e, use_fp8=True)
+        buf.low_latency_combine(y, idx, w, hd)
+
+    return {
+        f"ll dispatch bf16 t={t}": (lambda: buf.low_latency_dispatch(x, idx, t, e, use_fp8=False), b_bf16),
+        f"ll dispatch fp8 t={t}": (lambda: buf.low_latency_dispatch(x, idx, t, e, use_fp8=True), b_fp8),
+        f"ll combine t={t}": (lambda: buf.low_latency_combine(y, idx, w, handle), b_bf16),
+        f"ll dispatch+combine t={t}": (both, b_fp8 + b_bf16),
+    }
+
+
+def bench_low_latency(run: Run) -> None:
+    """Low-latency dispatch / combine at decode batch sizes: the fast path (eager, and replayed from a CUDA
+    graph: how decode runs it) and the NCCL reference (`reference_ll`), in the same run."""
+    fast = Buffer(run.group, low_latency_mode=True)
+    fast._ll_path(run.device)  # start the fast path now (a collective + probe), so `path` below is known
+    nccl = Buffer(run.group)  # low_latency_mode=False: the reference
+    for t in run.cfg["ll_tokens"]:
+        try:  # (not in the smoke run: the interpreter is slow, and the CPU tests compare the same)
+            matches = None if run.smoke else _ll_matches(run, fast, t)
+        except Exception as exc:  # noqa: BLE001
+            log(f"ll t={t}: reference comparison failed: {type(exc).__name__}: {exc}")
+            matches = None
+        path = f"{type(fast._ll).__name__}/quant-{fast._ll.quant}" if fast._ll else "reference (fast path unavailable)"
+        kw = {"matches_reference": matches, "path": path, "tokens_per_rank": t}
+        for op, (fn, nbytes) in _ll_ops(run, fast, t).items():
+            if run.smoke and "+" not in op:  # the interpreter is slow: the pair covers every kernel
+                continue
+            run.record(op, "fast-ll", nbytes, fn, **kw)
+            if op.startswith("ll dispatch+combine") and not run.smoke and fast._ll:  # NCCL: no graph
+                run.record(op, "fast-ll-graph", nbytes, fn, timer_mode="graph", **kw)
+                if fast._ll.quant == "triton":  # the same with the torch quantiser (8 small kernels)
+                    fast._ll.quant = "torch"
+                    kw_t = {**kw, "path": f"{type(fast._ll).__name__}/quant-torch"}
+                    run.record(op, "fast-ll-graph-torchq", nbytes, fn, timer_mode="graph", **kw_t)
+                    fast._ll.quant = "triton"
+        for op, (fn, nbytes) in _ll_ops(run, nccl, t).items():
+            run.record(op, "nccl-reference", nbytes, fn, tokens_per_rank=t)
+    fast.destroy()
 
 
 def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
@@ -269,10 +385,10 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
     timer.start()
     run = Run(smoke, out, warmup, rep)
     log(f"rank {run.rank}/{run.world} on {run.device}: {run.cfg}")
+    bench_low_latency(run)  # first: issue 7's open goal (normal mode was measured on 2026-11-30)
     for impl in ("triton", "torch"):
         bench_fast(run, impl)
     bench_reference(run)
-    bench_low_latency(run)
     run.save()
     if run.rank == 0 and out:
         log(f"wrote {out}")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from ep_cases import make_world
 from ep_fast import check_bad_input_raises_everywhere, check_fast_vs_reference
+from ep_ll_fast import check_ll_fast, ll_graph_equals_eager
 from ep_low_latency import check_low_latency
 from ep_normal import check_normal
 
@@ -70,8 +71,37 @@ def run_fast_cuda(group: dist.ProcessGroup, seed: int) -> None:
         buf.destroy()
 
 
+def run_ll_fast(group: dist.ProcessGroup, seed: int) -> None:
+    """The low-latency fast path against reference_ll on CPU (shared memory, Triton interpreter): hidden 512
+    (so e8m0 scale rows are whole int32 words), uneven ranks incl. an empty one; then, at hidden 256, the
+    oracle scenario's e8m0 case (2-byte scale rows: the fast Buffer must fall back to the reference)."""
+    buf = Buffer(group, low_latency_mode=True)
+    world = dist.get_world_size(group)
+    check_ll_fast(buf, seed, 512, 8 * world, 4, [7, 0, 5, 3][:world], 8)
+    check_low_latency(buf, make_world(world, seed), True, True, True, fast=True)
+    buf.destroy()
+
+
+def run_ll_cuda(group: dist.ProcessGroup, seed: int) -> None:
+    """On GPUs: V4-Flash shapes (hidden 4096, top-6 of 256) at 1 / 32 / 128 tokens with uneven ranks, then a
+    CUDA graph of dispatch + combine replayed 3 times against eager."""
+    world = dist.get_world_size(group)
+    buf = Buffer(group, low_latency_mode=True)
+    check_ll_fast(buf, seed, 4096, 256, 6, [128, 77, 0, 5, 128, 1, 3, 9][:world], 128)
+    check_ll_fast(buf, seed + 1, 4096, 256, 6, [1, 0, 1, 1, 1, 1, 1, 1][:world], 1)
+    check_ll_fast(buf, seed + 2, 4096, 256, 6, [32, 32, 32, 32, 32, 32, 32, 32][:world], 32)
+    ll_graph_equals_eager(buf, seed + 3, 4096, 256, 6, 128, 128)
+    buf.destroy()
+
+
 # name -> (scenario, torch.distributed backend)
-SCENARIOS = {"all": (run_all, "gloo"), "fast": (run_fast, "gloo"), "cuda": (run_fast_cuda, "nccl")}
+SCENARIOS = {
+    "all": (run_all, "gloo"),
+    "fast": (run_fast, "gloo"),
+    "cuda": (run_fast_cuda, "nccl"),
+    "llfast": (run_ll_fast, "gloo"),
+    "llcuda": (run_ll_cuda, "nccl"),
+}
 
 
 def _worker(

@@ -24,3 +24,9 @@ def test_fast_path_gloo_shm_2_ranks_torch_movers() -> None:
     """The same with the torch row movers (index_select / index_add_) instead of the Triton kernels."""
     env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "torch"}
     launch(2, seed=41, timeout_s=120.0, env=env, scenario="fast")
+
+
+def test_low_latency_fast_path_gloo_shm_2_ranks() -> None:
+    """The low-latency fast path on CPU (shared memory, Triton interpreter) against reference_ll."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1"}
+    launch(2, seed=61, timeout_s=150.0, env=env, scenario="llfast")

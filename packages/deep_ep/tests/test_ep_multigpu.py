@@ -2,6 +2,8 @@
 
 Dispatch (bf16, FP8, cached) must be bit-identical to the reference; combine too with 2 ranks (two fp32
 additions commute), within `ep_fast.combine_bound` with more. Both row movers (Triton, torch) run.
+The low-latency fast path: rows / counts bit-identical to reference_ll, combine within one bf16 ulp, and a
+CUDA graph of dispatch + combine replayed 3 times equal to the eager call.
 """
 
 from __future__ import annotations
@@ -17,3 +19,10 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_fast_path_two_gpus_matches_reference() -> None:
     launch(2, seed=51, timeout_s=240.0, env=NO_MULTICAST, scenario="cuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_low_latency_fast_path_two_gpus() -> None:
+    """LL fast path vs reference_ll at 1 / 32 / 128 tokens (V4-Flash shapes), then CUDA graph replays == eager."""
+    launch(2, seed=71, timeout_s=300.0, env=NO_MULTICAST, scenario="llcuda")

@@ -26,6 +26,7 @@ EXPERT_NK = {"gate_up": (4096, 4096), "down": (4096, 2048)}
 NUM_EXPERTS, TOP_K = 256, 6
 # Grouped row layouts: the engine's decode / prefill (random top-6 routing) and uniform tokens per expert.
 GROUPED = {
+    "decode_b4": ("random", 4, "decode"),  # small-batch decode: ~24 active experts, where split-K should matter
     "decode_b32": ("random", 32, "decode"),
     "decode_b256": ("random", 256, "decode"),
     "tpe8": ("uniform", 8, "decode"),
@@ -93,9 +94,30 @@ def dense_fp8_cases(dev: str, ms: list[int], nks: list[tuple[int, int]]) -> list
                 ),
                 "torch_matmul_bf16": lambda x=a_bf16, w=b_bf16: torch.matmul(x, w.t()),
             }
+            impls.update(_cutlass_fp8_impls(a, b, m, n))
             nbytes = m * k + n * k + 2 * m * n + 4 * (m + n // 128 + 1) * (k // 128)
-            cases.append(Case("fp8_gemm_nt", {"m": m, "n": n, "k": k}, impls, 2.0 * m * n * k, nbytes, "fp8_tflops"))
+            cases.append(Case("fp8_gemm_nt", {"m": m, "n": n, "k": k}, impls, 2.0 * m * n * k, nbytes, "fp8_tflops",
+                              compare_to=("dg_fp8_gemm_nt",)))  # fmt: skip
     return cases
+
+
+def _cutlass_fp8_impls(a: tuple, b: tuple, m: int, n: int) -> dict[str, Callable[[], object]]:
+    """The CUTLASS FP8 GEMM per config (when `_C` was built with CUTLASS), each into its own output, plus config 0
+    with the A scales already M-major (the per-call sfa transpose skipped: its cost is the difference)."""
+    from deepinfer.deep_gemm.backends.cuda import cutlass_fp8 as cf
+
+    if not (a[0].is_cuda and cf.available()):
+        return {}
+    out = torch.empty(m, n, device=a[0].device, dtype=torch.bfloat16)
+    sfa_t = cf.sfa_mn_major(a[1])
+    impls = {
+        f"dg_fp8_cutlass[{name}]": lambda cfg=cfg: cf.fp8_gemm_nt_cutlass(a[0], a[1], b[0], b[1], out, config=cfg)
+        for cfg, name in ((0, "coop"), (1, "pingpong"))
+    }
+    impls["dg_fp8_cutlass[coop,sfa_mn]"] = lambda: cf.fp8_gemm_nt_cutlass(
+        a[0], sfa_t, b[0], b[1], out, config=0, sfa_is_mn_major=True
+    )
+    return impls
 
 
 def group_counts(kind: str, size: int, g: int, seed: int = 0) -> torch.Tensor:
@@ -148,6 +170,20 @@ def _fp8_grouped_call(a8: torch.Tensor, w: torch.Tensor, sfb: torch.Tensor, per_
     return lambda: fg.m_grouped_fp8_contiguous_triton(a8, sfa, w, sfb, out, ids, expected_m=per_group)
 
 
+def _fp8_masked_counts_call(w: torch.Tensor, sfb: torch.Tensor, counts: torch.Tensor, k: int):
+    """The masked Triton FP8 grouped GEMM on ragged per-expert row counts (decode routing: the FP8-expert
+    kernel the W4A16 decode path is compared with): a [g, max count, k], masked_m = counts."""
+    from deepinfer.deep_gemm.backends.cuda import triton_fp8_grouped as fg
+
+    g, m_max, dev = counts.numel(), max(int(counts.max()), 1), w.device
+    a3 = (torch.randn(g, m_max, k, device=dev) * 4).to(FP8)
+    sfa3 = torch.rand(g, m_max, -(-k // 128), device=dev) + 0.5
+    out3 = torch.empty(g, m_max, w.shape[1], device=dev, dtype=torch.bfloat16)
+    cnt = counts.to(torch.int32).to(dev)
+    rows = -(-int(counts.sum()) // max(int((counts > 0).sum()), 1))  # rows per active expert: the tile hint
+    return lambda: fg.m_grouped_fp8_masked_triton(a3, sfa3, w, sfb, out3, cnt, rows)
+
+
 def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, cfg: W4A16Config | None):
     """The package's W4A16 grouped GEMM with a fixed config (None: the shape heuristic)."""
     return lambda: dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out, config=cfg)
@@ -186,6 +222,8 @@ def w4a16_cases(
                 impls["torch_scaled_mm_loop_fp8"] = _scaled_mm_loop(a8, sa, w_fp8, sw, counts.tolist())
                 if kind == "uniform":
                     impls[FP8_GROUPED] = _fp8_grouped_call(a8, w_fp8, sfb_fp8, size, g)
+                elif regime == "decode":  # random routing: the masked FP8 kernel on the same per-expert counts
+                    impls[FP8_GROUPED] = _fp8_masked_counts_call(w_fp8, sfb_fp8, counts, k)
             active = int((counts > 0).sum())
             nbytes = active * (n * k // 2 + n * k // 32) + 2 * m * k + 2 * m * n + 4 * g
             shape = {"layout": lname, "weights": wname, "m": m, "n": n, "k": k, "groups": g, "active": active}

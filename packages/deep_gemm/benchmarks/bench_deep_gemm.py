@@ -102,7 +102,10 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int) -> list[dict]:
     dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     t0 = time.monotonic()
     if smoke:  # tiny shapes, every implementation (the torch baselines run on CPU too)
-        tiny = {"decode": (W4A16Config(16, 32, 128, 2, 2),), "prefill": (W4A16Config(32, 32, 128, 4, 2),)}
+        tiny = {
+            "decode": (W4A16Config(16, 32, 128, 2, 2), W4A16Config(16, 32, 128, 2, 2, kernel=3, split_k=2)),
+            "prefill": (W4A16Config(32, 32, 128, 4, 2),),
+        }
         layouts = {
             "decode_tiny": ("random", 3, "decode"),
             "masked_tiny": ("uniform", 40, "prefill"),

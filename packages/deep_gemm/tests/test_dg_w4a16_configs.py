@@ -57,7 +57,8 @@ def test_sweep_holds_defaults_and_names_round_trip() -> None:
         ({"block_m": 16, "block_n": 64, "block_k": 16}, "block_k"),
         ({"block_m": 16, "block_n": 64, "num_warps": 3}, "num_warps"),
         ({"block_m": 16, "block_n": 64, "num_stages": 0}, "num_stages"),
-        ({"block_m": 16, "block_n": 64, "kernel": 3}, "kernel"),
+        ({"block_m": 16, "block_n": 64, "kernel": 4}, "kernel"),
+        ({"block_m": 16, "block_n": 64, "fold": True}, "kernel 3 only"),
         ({"block_m": 16, "block_n": 64, "block_k": 256, "kernel": 2}, "block_k"),
     ],
 )
@@ -98,7 +99,12 @@ def test_reference_ignores_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
 def _interp_case(cfg: cfgs.W4A16Config) -> tuple[list[int], int, int]:
     """Counts spanning several row tiles of cfg (a partial last tile, an empty group), n with a column tail."""
     bm = cfg.block_m
-    return [bm + 3, 0, 2, bm // 2 + 1], 2 * cfg.block_n - 16, max(256, cfg.block_k)
+    return [bm + 3, 0, 2, bm // 2 + 1], 2 * cfg.block_n - 16, max(256, cfg.block_k * cfg.split_k)
+
+
+def _sb(cfg: cfgs.W4A16Config) -> tuple[int, int]:
+    """Scale bytes of the random operands: kernel 3's fold is exact only up to 128 (scale 2)."""
+    return (120, 128) if cfg.fold else (120, 130)
 
 
 @interp_only
@@ -107,7 +113,7 @@ def test_swept_config_interpreter(cfg: cfgs.W4A16Config, monkeypatch: pytest.Mon
     """Every benchmarked config vs the reference and float64 (interpreter: fp32 dots, truncating bf16 cast)."""
     monkeypatch.setenv(ENV, "triton")
     counts, n, k = _interp_case(cfg)
-    a, packed, scales, offs = _operands(counts, n, k, gen(cfg.block_m + cfg.block_n + cfg.block_k))
+    a, packed, scales, offs = _operands(counts, n, k, gen(cfg.block_m + cfg.block_n + cfg.block_k), sb=_sb(cfg))
     rows = sum(counts)
     out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16)
     assert gemm(a, (packed, scales), offs, out, config=cfg) is out
@@ -160,7 +166,7 @@ def test_gpu_swept_config(cfg: cfgs.W4A16Config, regime: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     counts, n, k = _GPU_COUNTS[regime], 512, 2048
-    a, packed, scales, offs = (t.cuda() for t in _operands(counts, n, k, gen(41 + cfg.block_m)))
+    a, packed, scales, offs = (t.cuda() for t in _operands(counts, n, k, gen(41 + cfg.block_m), sb=_sb(cfg)))
     out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16, device="cuda")
     gemm(a, (packed, scales), offs, out, config=cfg)
     want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))

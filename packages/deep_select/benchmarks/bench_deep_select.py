@@ -1,4 +1,4 @@
-"""deep_select benchmark: exact row-wise top-k, Triton v3 / v2 / v1 vs torch.topk, on the issue 4 shapes.
+"""deep_select benchmark: exact row-wise top-k, CUDA C++ radix / Triton v3 vs torch.topk, on the issue 4 shapes.
 
     python packages/deep_select/benchmarks/bench_deep_select.py --out RESULT.json   # H200, < 120 s
     python packages/deep_select/benchmarks/bench_deep_select.py --smoke             # CPU, interpreter, tiny
@@ -12,10 +12,14 @@ copy ceiling. Every implementation returns unsorted indices (torch.topk with sor
 result is checked against torch.topk's values (same multiset of chosen values) before timing. v3 records
 `v3_fast_rows`: how many rows its one-read path served (the rest fell back to v2's passes).
 
-Kernels: v1 = `triton_topk.py` (5 reads of the row, GPU-validated), v2 = `triton_select.py` (3 reads),
+Kernels: cuda = `csrc/cuda/topk_radix.cu` (CUDA C++, one CTA per row, measured when `_C` was built; what the
+API runs then): one read of the row (12-bit histogram + the entries that can still make the top k kept in
+shared memory, tile by tile), the rest in shared memory; cuda_2pass = the same kernel with a second, collecting
+pass over the row (mostly from L2 at n <= 65,536) instead of keeping candidates during the first,
 v3 = `triton_filter.py` (1 read + a small scratch), split = `triton_split.py` (rows cut into segments so that
-few rows fill the GPU; measured where the API picks it: b * 2 < SM count and n >= 16,384). The API runs split
-where it applies, else v3.
+few rows fill the GPU; measured where the API picks it: b * 2 < SM count and n >= 16,384). Without `_C` the
+API runs split where it applies, else v3. `--impls` adds the older v1 = `triton_topk.py` (5 reads) and
+v2 = `triton_select.py` (3 reads), left out by default to keep the run under 120 s.
 
 Fused indexer (op "indexer_fused"): a 4,096-token prefill chunk over 65,536 visible entries, h = 64, d = 128,
 bf16 q / keys, k in {512, 2048}: `indexer_topk_fused` (scores never written as [t, n]) against "GEMM +
@@ -43,6 +47,7 @@ if not torch.cuda.is_available():  # before triton is imported: the CPU run need
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kernelkit as kk  # noqa: E402
+from deepinfer.deep_select.backends.cuda import cuda_topk  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_filter import topk_triton_v3  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_indexer import indexer_topk_fused  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_select import topk_triton_v2  # noqa: E402
@@ -52,8 +57,10 @@ from deepinfer.deep_select.backends.cuda.triton_topk import topk_triton  # noqa:
 COPY_GBPS = kk.H200_CEILINGS["hbm_copy_gbps"]
 MAX_INPUT_BYTES = 8 * 10**9
 TIME_BUDGET_S = 95.0  # stop starting new shapes after this (the run must stay under 120 s; compiles included)
-IMPLS = ("torch.topk", "triton_v1", "triton_v2", "triton_v3", "triton_split")
-BASELINES = ("torch.topk", "triton_v1")
+IMPLS = ("torch.topk", "cuda", "cuda_2pass", "triton_v3", "triton_split")
+OPTIONAL_IMPLS = ("triton_v1", "triton_v2")  # --impls: measured only when asked
+BASELINES = ("torch.topk", "triton_v3")
+_EXTRA: set[str] = set()  # optional implementations asked for on the command line
 
 
 def _shapes(smoke: bool) -> list[dict]:
@@ -83,12 +90,15 @@ def _shapes(smoke: bool) -> list[dict]:
 
 def _fns(x: torch.Tensor, k: int) -> dict:
     kk_ = min(k, x.shape[1])
-    fns = {
-        "torch.topk": lambda: torch.topk(x, kk_, dim=1, sorted=False),
-        "triton_v1": lambda: topk_triton(x, k),
-        "triton_v2": lambda: topk_triton_v2(x, k),
-        "triton_v3": lambda: topk_triton_v3(x, k),
-    }
+    fns = {"torch.topk": lambda: torch.topk(x, kk_, dim=1, sorted=False)}
+    if x.is_cuda:  # the compiled kernel: an error record when _C is missing (the lead's build must have it)
+        fns["cuda"] = lambda: cuda_topk.topk_cuda(x, k)
+        fns["cuda_2pass"] = lambda: cuda_topk.topk_cuda(x, k, one_read=False)
+    fns["triton_v3"] = lambda: topk_triton_v3(x, k)
+    if "triton_v1" in _EXTRA:
+        fns["triton_v1"] = lambda: topk_triton(x, k)
+    if "triton_v2" in _EXTRA:
+        fns["triton_v2"] = lambda: topk_triton_v2(x, k)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     segments = choose_segments(x.shape[0], x.shape[1], k, sms)
     if segments > 1 or not x.is_cuda:  # on CPU (smoke) always, with 2 segments, to prove the plumbing
@@ -244,7 +254,8 @@ def run(out: str | None, smoke: bool) -> list[dict]:
         fused = case["op"] == "indexer_fused"
         label = f"{case['op']} {case['dtype']} b={case['b']} n={case['n']} k={case['k']}"
         if time.time() - t0 > TIME_BUDGET_S:
-            records += [dict(case, impl=i, error="skipped: time budget") for i in (FUSED_IMPLS if fused else IMPLS)]
+            impls = FUSED_IMPLS if fused else (*IMPLS, *sorted(_EXTRA))
+            records += [dict(case, impl=i, error="skipped: time budget") for i in impls]
             print(f"[skip] {label}", flush=True)
             continue
         print(f"[{time.time() - t0:6.1f}s] {label}", flush=True)
@@ -263,11 +274,13 @@ def run(out: str | None, smoke: bool) -> list[dict]:
 def table(path: str) -> str:
     """Markdown table of a saved result JSON."""
     doc = json.loads(pathlib.Path(path).read_text())
+    # Older results (before the CUDA kernel) used triton_v1 as the second baseline.
+    bases = BASELINES if any("x_triton_v3" in r for r in doc["records"]) else ("torch.topk", "triton_v1")
     rows = [
         f"GPU: {doc.get('gpu')}; {doc.get('date')}. GB/s = bytes of scores read once / time; "
         "% of the 4.07 TB/s copy ceiling.",
         "",
-        "| op | dtype | b | n | k | impl | time (us) | GB/s | % of copy | x torch.topk | x triton_v1 |",
+        f"| op | dtype | b | n | k | impl | time (us) | GB/s | % of copy | x {bases[0]} | x {bases[1]} |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     fused = [r for r in doc["records"] if r["op"] == "indexer_fused"]
@@ -278,7 +291,7 @@ def table(path: str) -> str:
         if "error" in r:
             rows.append(f"{head} {r['error'][:60]} | | | | |")
             continue
-        xs = [f"{r[f'x_{b}']:.2f}" if r.get(f"x_{b}") else "-" for b in BASELINES]
+        xs = [f"{r[f'x_{b}']:.2f}" if r.get(f"x_{b}") else "-" for b in bases]
         rows.append(f"{head} {r['median_us']:.1f} | {r['gbps']:.0f} | {r['pct_of_copy']:.1f} | {xs[0]} | {xs[1]} |")
     if fused:
         rows += [
@@ -302,7 +315,12 @@ def main() -> None:
     ap.add_argument("--out", help="write the result JSON here")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter) to prove the script")
     ap.add_argument("--table", metavar="JSON", help="print the README table of a saved result and exit")
+    ap.add_argument("--impls", default="", help=f"comma-separated extra implementations: {','.join(OPTIONAL_IMPLS)}")
     args = ap.parse_args()
+    for name in filter(None, args.impls.split(",")):
+        if name not in OPTIONAL_IMPLS:
+            sys.exit(f"--impls: expected names from {OPTIONAL_IMPLS}, got {name!r}")
+        _EXTRA.add(name)
     if args.table:
         print(table(args.table))
         return

@@ -136,3 +136,24 @@ def test_fused_gpu_paged_long() -> None:
     got = indexer_topk_fused(*_dev(q, w, cache), k, visible=_dev(visible)[0], block_table=_dev(table)[0])
     want = ref.indexer_topk(q, w, cache, k, visible, None, table, rpb)
     assert torch.equal(_as_set(got), _as_set(want))
+
+
+def test_api_fused_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.indexer_topk(fused=True) runs the fused kernel (Triton backend; the interpreter on CPU) and selects the
+    reference's set on exact-sum inputs; shapes the kernel cannot take (h = 12) quietly use the unfused path."""
+    from deepinfer.deep_select import api
+    from deepinfer.deep_select.backends.cuda import triton_indexer
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("DEEPINFER_DEEP_SELECT_BACKEND", "triton")
+    calls = []
+    fused_fn = triton_indexer.indexer_topk_fused
+    monkeypatch.setattr(triton_indexer, "indexer_topk_fused", lambda *a, **kw: calls.append(1) or fused_fn(*a, **kw))
+    g = torch.Generator().manual_seed(5)
+    for h, want_calls in ((16, 1), (12, 1)):
+        q, w, keys = _exact_inputs(3, h, 64, 16, g)
+        visible = torch.tensor([64, 10, 0], dtype=torch.int32)
+        got = api.indexer_topk(*_dev(q, w, keys), 20, visible=_dev(visible)[0], fused=True)
+        want = ref.indexer_topk(q, w, keys, 20, visible, None, None, None)
+        assert torch.equal(_as_set(got), _as_set(want)), f"h={h}"
+        assert len(calls) == want_calls, f"h={h}: fused kernel called {len(calls)} times"

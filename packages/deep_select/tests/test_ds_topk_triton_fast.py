@@ -321,8 +321,10 @@ def test_gpu_cuda_graph(kernel: str) -> None:
 @gpu
 @pytest.mark.parametrize("dist", ["normal", "few_values", "nan_hot", "bits_tiny"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_api_gpu_properties(dist: str, dtype: torch.dtype) -> None:
-    """api.topk / topk_ragged on CUDA: every contract property, sorted and unsorted, with values."""
+def test_api_gpu_properties(dist: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.topk / topk_ragged on CUDA through Triton (forced: a build with _C would run the CUDA kernel): every
+    contract property, sorted and unsorted, with values."""
+    monkeypatch.setenv("DEEPINFER_DEEP_SELECT_BACKEND", "triton")
     assert api.backend("cuda") == "triton"
     b, n, k = 6, 5000, 512
     g = torch.Generator().manual_seed(33)

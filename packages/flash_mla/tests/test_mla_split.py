@@ -121,6 +121,57 @@ def test_split_kernel_vs_reference(t, h, d, k1, k2, sink_mode, fp8, splits, bloc
         assert torch.equal(got[1][1].cpu(), sink) if sink is not None else bool(torch.isneginf(got[1][1]).all())
 
 
+# The chunked (d = 512 only) and deferred kernels: FP8 main cache with a BF16 extra cache, BF16 alone, split
+# and unsplit; 16-row tiles make 40 indices three tiles (the deferred kernel's owed P @ V crosses tiles, splits
+# and the switch between the two lists).
+_VARIANT_CASES = [
+    (3, 16, 40, 7, "random", (True, False), 2),
+    (3, 16, 40, 0, "large", (False,), 1),
+    (2, 16, 7, 40, "none", (True, True), 3),
+]
+
+
+@pytest.mark.parametrize("kernel", ["chunked", "deferred"])
+@pytest.mark.parametrize(("t", "h", "k1", "k2", "sink_mode", "fp8", "splits"), _VARIANT_CASES)
+def test_variant_kernels_vs_reference(kernel, t, h, k1, k2, sink_mode, fp8, splits) -> None:
+    q, caches, lists, sink = _inputs(t, h, 512, k1, k2, sink_mode, zlib.crc32(f"ck{t}{h}{k1}{k2}{sink_mode}".encode()))
+    got = _call(q, caches, lists, sink, 512**-0.5, fp8, num_splits=splits, config=(16, 16, 4, 1), kernel=kernel)
+    _check((got[0].cpu(), got[1].cpu()), q, caches, lists, sink, 512**-0.5, fp8, gpu_p=False)
+    if t > 1:  # token 1 names no valid slot
+        assert bool((got[0][1] == 0).all())
+        assert torch.equal(got[1][1].cpu(), sink) if sink is not None else bool(torch.isneginf(got[1][1]).all())
+
+
+def test_deferred_kernel_small_d() -> None:
+    """The deferred kernel is not tied to d = 512: d = 128, BF16 caches, one split."""
+    q, caches, lists, sink = _inputs(3, 16, 128, 40, 7, "random", 5)
+    got = _call(
+        q, caches, lists, sink, 128**-0.5, (False, False), num_splits=1, config=(16, 16, 4, 1), kernel="deferred"
+    )
+    _check((got[0].cpu(), got[1].cpu()), q, caches, lists, sink, 128**-0.5, (False, False), gpu_p=False)
+
+
+def test_default_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel=None follows DEFAULT_KERNELS per cache format (what the lead switches); chunked needs d = 512."""
+    assert _K._pick_kernel(None, 512, True) == _K.DEFAULT_KERNELS["fp8"]
+    monkeypatch.setitem(_K.DEFAULT_KERNELS, "fp8", "chunked")
+    monkeypatch.setitem(_K.DEFAULT_KERNELS, "bf16", "deferred")
+    assert _K._pick_kernel(None, 512, True) == "chunked"
+    assert _K._pick_kernel(None, 128, True) == "fused"
+    assert _K._pick_kernel(None, 128, False) == "deferred"
+    assert _K._pick_kernel("fused", 512, True) == "fused"
+
+
+def test_chunked_kernel_argument_checks() -> None:
+    q = torch.randn(1, 16, 128).bfloat16()
+    kv = torch.randn(8, 128).bfloat16()
+    idx = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="d = 512"):
+        _K.sparse_attn_split_triton(q, kv, idx, None, 0.1, kernel="chunked")
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        _K.sparse_attn_split_triton(q, kv, idx, None, 0.1, kernel="wgmma")
+
+
 def test_plan_num_splits() -> None:
     assert _K.plan_num_splits(1, 1, 20, 132) == 10  # b = 1: two tiles per program
     assert _K.plan_num_splits(1, 1, 20, 132, min_tiles=1) == 20
@@ -249,6 +300,31 @@ def test_v4_shapes_split_gpu(t: int, fp8: bool, extra: bool) -> None:
     _check(got, q, caches, lists, sink, 512**-0.5, fp8s, gpu_p=True)
     if t > 1:
         assert bool((got[0][1] == 0).all())
+
+
+_GPU_VARIANTS = [  # (kernel, config): every (kernel, config) pair the benchmark times
+    ("chunked", None),
+    ("chunked", (64, 64, 8, 2)),
+    ("chunked", (64, 64, 8, 3)),
+    ("deferred", None),
+    ("deferred", (64, 32, 8, 2)),
+    ("deferred", (64, 16, 8, 4)),
+]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("kernel_config", _GPU_VARIANTS)
+def test_v4_shapes_variant_kernels_gpu(t: int, fp8: bool, kernel_config) -> None:
+    """The chunked and deferred kernels on V4 shapes (512 + 128 indices, NaN in unused slots, NaN-poisoned
+    output), split (t = 1) and 2 splits (t = 64), both cache formats for the main list, the benchmark's configs."""
+    kernel, config = kernel_config
+    q, caches, lists, sink = _v4_inputs(True, "random", zlib.crc32(f"{kernel}{t}{fp8}{config}".encode()))
+    q, lists = q[:t], [i[:t] for i in lists]
+    got = _call(q, caches, lists, sink, 512**-0.5, (fp8, False), config=config, kernel=kernel)
+    _check(got, q, caches, lists, sink, 512**-0.5, (fp8, False), gpu_p=True)
 
 
 @gpu

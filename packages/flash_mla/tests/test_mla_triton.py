@@ -115,7 +115,11 @@ def _assert_close_to(
     (o, s), (ro, rs) = got, ref
     assert torch.isfinite(o).all(), "output holds NaN/inf"
     err = (o.double().cpu() - ro.double().cpu()).abs()  # either may live on the GPU
-    assert bool((err <= out_tol).all()), f"out error over the bound by {float((err - out_tol).max()):.3e}"
+    over = err - out_tol
+    worst = tuple(int(i) for i in torch.unravel_index(over.argmax(), over.shape))
+    assert bool((over <= 0).all()), (
+        f"out error over the bound by {float(over.max()):.3e} at {worst} (max error {float(err.max()):.3e})"
+    )
     s, rs = s.cpu().double(), rs.cpu().double()
     assert torch.equal(torch.isneginf(s), torch.isneginf(rs)), "lse -inf pattern differs"
     fin = torch.isfinite(rs)

@@ -7,10 +7,14 @@
 Per case (op, shape) three implementations are timed with kernelkit.bench_cuda (CUDA events, L2 flushed):
 "api" (the public function: Triton where wired), "eager" (the PyTorch reference) and "compile"
 (torch.compile of the reference, compiled once per case; with --smoke Dynamo's "eager" backend). No new
-compile starts after --compile-budget seconds (70) so the run stays under 120 s; cases with a Triton path come
-first. One record per (op, shape, impl): median_us, GB/s of the bytes truly read + written, % of the 4.07 TB/s
-copy ceiling; "api" records add api_path (detected), x_eager, x_compile (same run), max_abs_diff_vs_eager.
-A failing case records its error string; the JSON is written in every case.
+compile starts after --compile-budget seconds (55) so the run stays under 120 s; the newest kernels come first
+(the older ops' torch.compile baselines were measured in earlier runs). One record per (op, shape, impl):
+median_us, GB/s of the bytes truly read + written, % of the 4.07 TB/s copy ceiling; "api" records add api_path
+(detected), x_eager, x_compile (same run), max_abs_diff_vs_eager.
+Named Triton configs of a case (`Case.variants`: tile sizes / warps of the memory-bound kernels, the Hadamard's
+tl.dot form) are timed in the same run as "triton:<name>" records with x_api (API default time / config time,
+> 1: the config is faster) and max_abs_diff_vs_eager; `--table` lists them under the main table. None starts
+after 90 s. A failing case records its error string; the JSON is written in every case.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from _cases import Case, cases, tensor_bytes  # noqa: E402
 import kernelkit  # noqa: E402
 
 COPY_GBPS = kernelkit.H200_CEILINGS["hbm_copy_gbps"]
-COMPILE_BUDGET_S = 70.0  # default: no new torch.compile after this many seconds (each costs a few seconds)
+COMPILE_BUDGET_S = 55.0  # default: no new torch.compile after this many seconds (each costs a few seconds)
+VARIANT_BUDGET_S = 90.0  # no named Triton config starts after this many seconds (each JIT-compiles once)
 DEFAULT_OUT = _HERE / "results" / "h200.json"
 
 
@@ -106,7 +111,9 @@ def _record(case: Case, impl: str, timing: dict, nbytes: int, path: str) -> dict
     }
 
 
-def run_case(case: Case, compile_ok: bool, warmup: int, rep: int, backend: str = "inductor") -> list[dict]:
+def run_case(
+    case: Case, compile_ok: bool, warmup: int, rep: int, backend: str = "inductor", max_variants: int | None = None
+) -> list[dict]:
     """Time api / eager / compile of one case; returns its records (errors recorded, never raised)."""
     recs: list[dict] = []
     try:
@@ -129,19 +136,42 @@ def run_case(case: Case, compile_ok: bool, warmup: int, rep: int, backend: str =
         recs.append(rec)
     if not compile_ok:
         recs.append({"op": case.op, "shape": case.shape, "impl": "compile", "error": "skipped: compile budget"})
-    api = next(r for r in recs if r["impl"] == "api")
-    if "error" not in api:
-        for base in ("eager", "compile"):
-            api[f"x_{base}"] = times[base] / times["api"] if base in times else None
-        api["max_abs_diff_vs_eager"] = _max_abs_diff(got, want)
+    recs += _run_variants(case, args, nbytes, warmup, rep, max_variants)
+    for rec in recs:
+        if rec["impl"] != "api" and not rec["impl"].startswith("triton:") or "error" in rec:
+            continue
+        for base in ("eager", "compile", "api"):
+            if base in times and rec["impl"] != base:
+                rec[f"x_{base}"] = times[base] / rec["median_us"]
+            elif base != "api":
+                rec[f"x_{base}"] = None
+        rec["max_abs_diff_vs_eager"] = _max_abs_diff(rec.pop("_out", got), want)
     del args, want, got
+    return recs
+
+
+def _run_variants(case: Case, args: tuple, nbytes: int, warmup: int, rep: int, limit: int | None) -> list[dict]:
+    """Time each named Triton config of the case ("triton:<name>" records; x_api = API time / its time); `limit`:
+    only the first few (--smoke: one, the interpreter is slow)."""
+    recs = []
+    if limit is not None:  # --smoke (or past the budget): prove the mechanism cheaply
+        warmup, rep = 1, 1
+    for name, fn in list(case.variants.items())[:limit]:
+        impl = f"triton:{name}"
+        try:
+            out = fn(*args)
+            rec = _record(case, impl, _time(fn, args, warmup, rep), nbytes, "triton")
+            rec["_out"] = out
+        except Exception as exc:  # noqa: BLE001 (a config that does not compile or run is a result too)
+            rec = {"op": case.op, "shape": case.shape, "impl": impl, "error": repr(exc)[:500]}
+        recs.append(rec)
     return recs
 
 
 def _summary(rec: dict) -> str:
     if "error" in rec:
         return f"{rec['impl']:8s} ERROR {rec['error'][:120]}"
-    extra = "".join(f" {k}={rec[k]:.2f}" for k in ("x_eager", "x_compile") if rec.get(k) is not None)
+    extra = "".join(f" {k}={rec[k]:.2f}" for k in ("x_eager", "x_compile", "x_api") if rec.get(k) is not None)
     speed = f"{rec['median_us']:10.1f} us {rec['gbps']:8.1f} GB/s {rec['pct_copy_ceiling']:5.1f} %"
     return f"{rec['impl']:8s} {speed}{extra}"
 
@@ -157,9 +187,12 @@ def run(
     all_cases = cases(dev, 8, (4,)) if smoke else cases(dev, 16384, (16384, 4096))
     for case in all_cases:
         compile_ok = time.monotonic() - t0 < compile_budget
+        n_var = (
+            (1 if case.smoke_variants else 0) if smoke else (None if time.monotonic() - t0 < VARIANT_BUDGET_S else 0)
+        )
         _log(f"[{time.monotonic() - t0:6.1f} s] {case.op} {case.shape}")
         # smoke: Dynamo traces every reference, but Inductor's C++ codegen (40 s a case on 2 cores) is skipped
-        for rec in run_case(case, compile_ok, warmup, rep, "eager" if smoke else "inductor"):
+        for rec in run_case(case, compile_ok, warmup, rep, "eager" if smoke else "inductor", n_var):
             records.append(rec)
             _log(f"    {_summary(rec)}" + (f"  [api path: {rec.get('api_path')}]" if rec.get("impl") == "api" else ""))
         if dev == "cuda":
@@ -193,7 +226,11 @@ def table(path: pathlib.Path) -> str:
         "| op | shape | API path | time (us) | GB/s | % of 4.07 TB/s | x eager | x torch.compile |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    variants = []
     for r in doc["records"]:
+        if r.get("impl", "").startswith("triton:"):
+            variants.append(r)
+            continue
         if r.get("impl") != "api":
             continue
         if "error" in r:
@@ -204,7 +241,26 @@ def table(path: pathlib.Path) -> str:
             f"| {r['op']} | {r['shape']} | {r['api_path']} | {r['median_us']:.1f} | {r['gbps']:.0f} | "
             f"{r['pct_copy_ceiling']:.1f} | {xs[0]} | {xs[1]} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _variant_table(variants))
+
+
+def _variant_table(variants: list[dict]) -> list[str]:
+    """Named Triton configs next to the API default (x API > 1: the config is faster than the default)."""
+    if not variants:
+        return []
+    lines = ["", "| op | shape | config | time (us) | % of 4.07 TB/s | x API default | max abs diff vs eager |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in variants:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | |")
+            continue
+        xa = f"{r['x_api']:.2f}" if r.get("x_api") is not None else "-"
+        d = r.get("max_abs_diff_vs_eager")
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['impl'][7:]} | {r['median_us']:.1f} | {r['pct_copy_ceiling']:.1f} | "
+            f"{xa} | {'-' if d is None else f'{d:.3g}'} |"
+        )
+    return lines
 
 
 def main() -> None:
@@ -222,7 +278,8 @@ def main() -> None:
         print(table(a.table))
         return
     out = a.out if a.out is not None else (None if a.smoke else DEFAULT_OUT)
-    run(a.smoke, out, a.warmup, 2 if a.smoke and a.rep == 20 else a.rep, a.compile_budget)
+    smoke_default = a.smoke and (a.warmup, a.rep) == (3, 20)  # the interpreter is slow: one warm-up, two reps
+    run(a.smoke, out, 1 if smoke_default else a.warmup, 2 if smoke_default else a.rep, a.compile_budget)
 
 
 if __name__ == "__main__":

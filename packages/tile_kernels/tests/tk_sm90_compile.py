@@ -15,7 +15,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from deepinfer.tile_kernels.backends.cuda import triton_act as a
+from deepinfer.tile_kernels.backends.cuda import triton_fp4 as f4
 from deepinfer.tile_kernels.backends.cuda import triton_fused as f
+from deepinfer.tile_kernels.backends.cuda import triton_hadamard as hd
 from deepinfer.tile_kernels.backends.cuda import triton_mhc as mh
 from deepinfer.tile_kernels.backends.cuda import triton_pool as p
 from deepinfer.tile_kernels.backends.cuda import triton_quant as q
@@ -188,10 +190,13 @@ for rows in (False, True):
                 "BLOCK_D": 512,
                 "IS_BF16": True,
                 "HW_CAST": True,
+                "EARLY_CS": False,
             },
             8,
             False,
         )
+kcx = {"HAS_ROWS": True, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_T": 8, "BLOCK_D": 512, "IS_BF16": True}
+go("kv early cos/sin", f._kv_fused_kernel, ks, {**kcx, "HW_CAST": True, "EARLY_CS": True}, 8, False)
 k32 = dict(ks)
 k32.update({"kv_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32"})
 go(
@@ -207,6 +212,7 @@ go(
         "BLOCK_D": 512,
         "IS_BF16": False,
         "HW_CAST": True,
+        "EARLY_CS": False,
     },
     2,
     False,
@@ -228,9 +234,10 @@ ros = {
     "stride_st": "i64",
     "stride_sk": "i64",
 }
-rcx = {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512, "BLOCK_R": 32}
+rcx = {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512, "BLOCK_R": 32, "EARLY_ROT": False}
 go("rope fusion on", ro._rope_kernel, ros, rcx, 8, True)
 go("rope fusion off", ro._rope_kernel, ros, rcx, 8, False)
+go("rope early rotate", ro._rope_kernel, ros, {**rcx, "EARLY_ROT": True}, 8, False)
 as_ = {
     "g_ptr": "*bf16",
     "u_ptr": "*bf16",
@@ -283,5 +290,83 @@ for head in (False, True):
     }
     cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
     go(f"mhc finish head={head}", mh._mhc_finish_kernel, fs, cx, mh.FIN_NUM_WARPS)
+
+f4s = {
+    "x_ptr": "*bf16",
+    "q_ptr": "*u8",
+    "s_ptr": "*i32",
+    "n_groups": "i64",
+    "groups_per_row": "i32",
+    "stride_xr": "i64",
+    "stride_xc": "i64",
+}
+go("fp4 codes", f4._fp4_group_kernel, f4s, {"DEQUANT": False, "GROUP": 32, "BLOCK_G": 128}, 8, False)
+go(
+    "fp4 dequant",
+    f4._fp4_group_kernel,
+    {**f4s, "q_ptr": "*bf16"},
+    {"DEQUANT": True, "GROUP": 32, "BLOCK_G": 128},
+    8,
+    False,
+)
+go(
+    "fp4 dequant fp32",
+    f4._fp4_group_kernel,
+    {**f4s, "x_ptr": "*fp32", "q_ptr": "*fp32"},
+    {"DEQUANT": True, "GROUP": 32, "BLOCK_G": 128},
+    8,
+    False,
+)
+hs = {
+    "x_ptr": "*bf16",
+    "y_ptr": "*bf16",
+    "h_ptr": "*bf16",
+    "rows": "i32",
+    "stride_xr": "i64",
+    "stride_xc": "i64",
+    "scale": "fp32",
+}
+for n, br in ((128, 32), (1024, 4), (2, 2048)):
+    cx = {"N": n, "LOG_N": n.bit_length() - 1, "BLOCK_R": br, "USE_DOT": False, "IS_BF16": True, "HW_CAST": True}
+    go(f"hadamard butterfly n={n}", hd._hadamard_kernel, hs, cx, max(1, min(8, br * n // 512)), False)
+hcx = {"N": 128, "LOG_N": 7, "BLOCK_R": 32, "USE_DOT": False, "IS_BF16": False, "HW_CAST": True}
+go(
+    "hadamard butterfly fp32",
+    hd._hadamard_kernel,
+    {**hs, "x_ptr": "*fp32", "y_ptr": "*fp32", "h_ptr": "*fp32"},
+    hcx,
+    8,
+    False,
+)
+hcx = {"N": 128, "LOG_N": 7, "BLOCK_R": 32, "USE_DOT": True, "IS_BF16": True, "HW_CAST": True}
+go("hadamard dot", hd._hadamard_kernel, hs, hcx, 8, False)
+hfs = {k: v for k, v in hs.items() if k != "h_ptr"}
+hcx = {"N": 128, "LOG_N": 7, "GROUP": 32, "BLOCK_R": 32, "IS_BF16": True, "HW_CAST": True}
+go("hadamard+fp4 fused", hd._hadamard_fp4_kernel, hfs, hcx, 8, False)
+hrs = {
+    "logits_ptr": "*fp32",
+    "tok_ptr": "*i64",
+    "tab_ptr": "*i64",
+    "w_ptr": "*fp32",
+    "ids_ptr": "*i64",
+    "T": "i32",
+    "E": "i32",
+    "stride_t": "i64",
+    "stride_e": "i64",
+    "stride_tok": "i64",
+    "stride_v": "i64",
+    "stride_k": "i64",
+    "route_scale": "fp32",
+}
+for sc in (0, 1, 2):
+    hcx = {
+        "SCORING": sc,
+        "RENORM": True,
+        "K": 6,
+        "BLOCK_T": 64 if sc < 2 else 16,
+        "BLOCK_K": 8,
+        "BLOCK_E": 256 if sc == 2 else 16,
+    }
+    go(f"hash route scoring {sc}", r._hash_route_kernel, hrs, hcx, 4)
 
 sys.exit(1 if FAILED else 0)

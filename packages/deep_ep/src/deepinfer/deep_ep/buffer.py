@@ -1,11 +1,12 @@
 """`Buffer`: DeepEP-style expert-parallel dispatch / combine (normal and low-latency modes).
 
 Normal-mode dispatch / combine of a 2+ rank group on CUDA take the intranode fast path (`intranode.py`:
-symmetric-memory buffers every rank writes directly, Triton row movers) when every rank can; everything
-else runs the reference (`reference.py`, `reference_ll.py`), which moves data with
-`torch.distributed.all_to_all_single` (gloo on CPU, NCCL on CUDA) or, for world size 1, with a local
-permutation. Both complete every transfer before returning: the `hook` of the low-latency calls is a
-no-op and there are no events. Experts are split evenly and contiguously over ranks: rank r owns global
+symmetric-memory buffers every rank writes directly, Triton row movers) when every rank can; low-latency
+calls of a `low_latency_mode=True` Buffer take the LL fast path (`lowlatency.py`: no host sync, CUDA-graph
+safe, optional receive hook); everything else runs the reference (`reference.py`, `reference_ll.py`),
+which moves data with `torch.distributed.all_to_all_single` (gloo on CPU, NCCL on CUDA) or, for world
+size 1, with a local permutation. The reference completes every transfer before returning: its `hook`
+is a no-op and there are no events. Experts are split evenly and contiguously over ranks: rank r owns global
 experts [r * E / R, (r + 1) * E / R); "local expert e" on rank r is global expert r * E / R + e.
 """
 
@@ -22,8 +23,9 @@ from . import reference_ll as ref_ll
 from ._backend import backend
 from ._checks import FLOAT_X, check_int, check_num_experts, check_same_device, check_tensor, check_topk, check_x
 from ._comm import Comm
-from .handles import DispatchHandle, LowLatencyHandle
+from .handles import DispatchHandle, LowLatencyFastHandle, LowLatencyHandle
 from .intranode import IntranodeNormal, create_intranode
+from .lowlatency import IntranodeLowLatency, create_low_latency, fast_ok, ll_wanted
 
 XPayload = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -39,7 +41,8 @@ class Buffer:
     torch.distributed needed). num_nvl_bytes / num_rdma_bytes / low_latency_mode / num_qps_per_rank /
     explicitly_destroy size and configure the buffers: the intranode fast path allocates
     max(num_nvl_bytes, 2 MiB) per rank (symmetric memory) at the first normal-mode call and grows it when a
-    call needs more; the other arguments are validated and kept.
+    call needs more; low_latency_mode=True turns on the low-latency fast path (its own buffer, sized at the
+    first low-latency call); the other arguments are validated and kept.
     """
 
     def __init__(
@@ -63,12 +66,30 @@ class Buffer:
         self.rank: int = self._comm.rank
         self.group_size: int = self._comm.world_size
         self._fast: IntranodeNormal | None | bool = None  # None: not decided yet; False: reference
+        self._ll: IntranodeLowLatency | None | bool = None  # the same for low-latency mode
 
     def destroy(self) -> None:
         """Release the fast path's buffers (kept for DeepEP's explicit-destroy API; a no-op for the reference)."""
         if isinstance(self._fast, IntranodeNormal):
             self._fast.destroy()
-        self._fast = None
+        if isinstance(self._ll, IntranodeLowLatency):
+            self._ll.destroy()
+        self._fast = self._ll = None
+
+    def _ll_path(self, device: torch.device) -> IntranodeLowLatency | None:
+        """The low-latency fast path for tensors on `device`, or None (the reference runs).
+
+        Decided at the first low-latency call (a collective): a 2..8 rank group, `backend(device) ==
+        "triton"`, and `low_latency_mode=True` (or DEEPINFER_DEEP_EP_LL=fast; =reference forces it off).
+        """
+        if self.group is None or self.group_size == 1:
+            return None
+        if self._ll is None:
+            use = ll_wanted(self.low_latency_mode) and backend(device) == "triton"
+            self._ll = create_low_latency(self.group, device) if use else False
+        if isinstance(self._ll, IntranodeLowLatency) and self._ll.device == device:
+            return self._ll
+        return None
 
     def _fast_path(self, device: torch.device) -> IntranodeNormal | None:
         """The intranode fast path for tensors on `device`, or None (the reference runs).
@@ -220,7 +241,8 @@ class Buffer:
         use_fp8: bool = True,
         round_scale: bool = False,
         use_ue8m0: bool = False,
-    ) -> tuple[XPayload, torch.Tensor, LowLatencyHandle, Callable[[], None]]:
+        return_recv_hook: bool = False,
+    ) -> tuple[XPayload, torch.Tensor, LowLatencyHandle | LowLatencyFastHandle, Callable[[], None]]:
         """Low-latency dispatch: one row per (token, expert) pair, in DeepGEMM's masked layout.
 
         x: [t, hidden] bfloat16 (float32 accepted), t <= num_max_dispatch_tokens_per_rank; hidden % 128 == 0
@@ -232,8 +254,12 @@ class Buffer:
              [E_local, max * R, hidden], scales float32 | float8_e8m0fnu [E_local, max * R, hidden/128],
              contiguous). Rows of expert e: 0..recv_count[e]-1, ordered by source rank then token;
              rows past recv_count[e] are zero in the reference (unspecified for fast paths).
-          recv_count: int32 [E_local]. hook: call it before reading recv_x (a no-op in the reference,
-             which completes eagerly; DeepEP's return_recv_hook semantics).
+          recv_count: int32 [E_local]. hook: call it before reading recv_x / recv_count (a no-op unless
+             return_recv_hook=True on the fast path: DeepEP's semantics, the call then returns right after
+             the sends and the hook launches only the receive, so compute can overlap the transfer).
+        Fast path (`lowlatency.py`, Buffer(low_latency_mode=True) on a 2..8 GPU group): no host sync, usable
+        inside a CUDA graph; recv_x lives in the Buffer and is overwritten by the next low-latency dispatch;
+        rows past recv_count are stale; distinct experts per row and ids < num_experts are not checked.
         """
         check_tensor("x", x, (torch.bfloat16, torch.float32), [None, None])
         t, hidden = x.shape
@@ -245,6 +271,11 @@ class Buffer:
             raise ValueError(f"x: FP8 dispatch needs hidden % 128 == 0, got hidden={hidden}")
         if use_ue8m0 and not round_scale:
             raise ValueError("use_ue8m0: requires round_scale=True (E8M0 holds powers of two only)")
+        fast = self._ll_path(x.device)
+        if fast is not None and fast_ok(hidden, x.dtype, use_fp8, use_ue8m0, self.group_size):
+            return fast.dispatch(
+                x, idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook
+            )
         recv_x, count, handle = ref_ll.low_latency_dispatch(
             self._comm, x, idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0
         )
@@ -255,9 +286,10 @@ class Buffer:
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
-        handle: LowLatencyHandle,
+        handle: LowLatencyHandle | LowLatencyFastHandle,
         use_logfmt: bool = False,
         out: torch.Tensor | None = None,
+        return_recv_hook: bool = False,
     ) -> tuple[torch.Tensor, Callable[[], None]]:
         """Low-latency combine: combined[t] = sum over unmasked k of topk_weights[t, k] * (expert output of (t, k)).
 
@@ -265,9 +297,12 @@ class Buffer:
            past recv_count are ignored). topk_idx / topk_weights: the [t, k] routing given to
            low_latency_dispatch and its float32 weights. handle: that dispatch's LowLatencyHandle.
         out: optional [t, hidden] buffer of x.dtype written in place. use_logfmt=True is not supported.
-        Returns (combined [t, hidden] x.dtype, float32 reduction then one rounding; hook, a no-op).
+        Returns (combined [t, hidden] x.dtype, float32 reduction then one rounding; hook, a no-op unless
+        return_recv_hook=True on the fast path, where it launches the wait + reduction). The reference adds
+        in ascending global-expert order; the fast path in top-k slot order (deterministic) and does not
+        check that topk_idx equals the dispatch's (that would need a host sync).
         """
-        if not isinstance(handle, LowLatencyHandle):
+        if not isinstance(handle, (LowLatencyHandle, LowLatencyFastHandle)):
             raise TypeError(
                 f"handle: expected a LowLatencyHandle from low_latency_dispatch, got {type(handle).__name__}"
             )
@@ -280,4 +315,11 @@ class Buffer:
         if out is not None:
             check_tensor("out", out, (x.dtype,), [handle.num_tokens, handle.hidden])
         check_same_device(x=x, topk_idx=idx, topk_weights=w, out=out)
+        if isinstance(handle, LowLatencyFastHandle):
+            fast = self._ll_path(x.device)
+            if fast is None:
+                raise ValueError("handle: made by the low-latency fast path, which this Buffer no longer has")
+            if idx.shape[1] != handle.k:
+                raise ValueError(f"topk_idx: expected {handle.k} columns (the dispatch's), got {idx.shape[1]}")
+            return fast.combine(x, idx, w, handle, out, return_recv_hook)
         return ref_ll.low_latency_combine(self._comm, x, idx, w, handle, out), _no_op_hook

@@ -69,3 +69,21 @@ class LowLatencyHandle:
     recv_pos: torch.Tensor
     recv_src_rank: torch.Tensor
     recv_src_token: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LowLatencyFastHandle:
+    """Low-latency routing kept by the intranode fast path (`lowlatency.py`); everything stays on the device.
+
+    `recv_meta` int32 [E_local, max * R, 4]: for row i < recv_count[e] of expert e, (source rank, source
+    token, top-k slot, -); `recv_count` int32 [E_local] is the count dispatch returned (filled by its
+    receive kernel). Combine sends row (e, i) to [token, slot] of the source's combine area.
+    """
+
+    num_tokens: int
+    hidden: int
+    num_experts: int
+    num_max_dispatch_tokens_per_rank: int
+    k: int
+    recv_meta: torch.Tensor
+    recv_count: torch.Tensor

@@ -6,9 +6,17 @@ CUDA tensors -> Triton, unless DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from ._backend import backend
+from ._backend import ENV_VAR, backend
+
+FP8_DENSE_ENV = "DEEPINFER_DEEP_GEMM_FP8_DENSE"
+FP8_DENSE_CHOICES = ("auto", "triton", "cutlass")
+# What "auto" means for the dense FP8 GEMM. Triton until a GPU run has proven the CUTLASS kernel correct and faster
+# (tests/test_dg_fp8_cutlass.py, benchmarks/bench_deep_gemm.py); then flip to "cutlass".
+FP8_DENSE_AUTO = "triton"
 
 
 def use_triton(device: torch.device) -> bool:
@@ -16,13 +24,31 @@ def use_triton(device: torch.device) -> bool:
     choice = backend(device)  # validates the env value; raises when a forced choice cannot run here
     if choice == "triton":
         return True
-    if choice == "cuda":  # no compiled kernels in this package: Triton is the CUDA fast path
+    if choice == "cuda":  # the compiled extension has only the opt-in CUTLASS FP8 GEMM: Triton stays the fast path
         try:
             import triton  # noqa: F401
         except ImportError:
             return False
         return True
     return False  # "reference", or "ascend" (no NPU kernels yet)
+
+
+def fp8_dense_impl(device: torch.device) -> str:
+    """Which kernel a CUDA `fp8_gemm_nt` call prefers, "cutlass" or "triton" (env DEEPINFER_DEEP_GEMM_FP8_DENSE).
+
+    "cutlass" also needs DEEPINFER_DEEP_GEMM_BACKEND auto or cuda and a CUDA fast path for `device` (not the
+    reference); whether `_C` has the kernel and the call fits it is `backends/cuda/cutlass_fp8.applies`'s to say
+    (it also finds `_C` in the installed copy when the source tree shadows it: tests, benchmarks). Calls the
+    CUTLASS kernel cannot take still run Triton.
+    """
+    wanted = os.environ.get(FP8_DENSE_ENV, "auto").strip().lower() or "auto"
+    if wanted not in FP8_DENSE_CHOICES:
+        raise ValueError(f"{FP8_DENSE_ENV}: expected one of {'|'.join(FP8_DENSE_CHOICES)}, got {wanted!r}")
+    if wanted == "auto":
+        wanted = FP8_DENSE_AUTO
+    if wanted != "cutlass" or os.environ.get(ENV_VAR, "auto").strip().lower() not in ("", "auto", "cuda"):
+        return "triton"
+    return "cutlass" if backend(device) in ("cuda", "triton") else "triton"
 
 
 def impl(name: str, device: torch.device, ref_fn):

@@ -29,7 +29,7 @@ from ._checks import (
     check_tensor,
 )
 from ._checks import check_weight_scales as _check_weight
-from ._dispatch import impl, use_triton
+from ._dispatch import fp8_dense_impl, impl, use_triton
 from .api_moe import (
     m_grouped_fp8_fp4_gemm_nt_contiguous,
     m_grouped_fp8_fp4_gemm_nt_masked,
@@ -117,7 +117,9 @@ def fp8_gemm_nt(
 
     Backend: the Triton block-scaled FP8 kernel (`backends/cuda/triton_fp8_gemm.py`, DeepGEMM-style promotion
     every 128 k) on CUDA for FP8 weights with k % 16 == 0; the reference for FP4 weights, other k, CPU, or
-    DEEPINFER_DEEP_GEMM_BACKEND=reference. Never syncs with the host on the Triton path.
+    DEEPINFER_DEEP_GEMM_BACKEND=reference. With DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (opt-in until proven on a
+    GPU) the CUTLASS SM90 kernel (`backends/cuda/cutlass_fp8.py`) takes the calls it fits (bf16 out, bf16 or no
+    C, k % 128 == 0, n % 8 == 0). Never syncs with the host on the Triton or CUTLASS paths.
 
     a: (float8_e4m3fn [m, k], scales float32 | float8_e8m0fnu [m, ceil(k/128)]) — per-token 1x128 scales.
     b: (float8_e4m3fn [n, k], scales [ceil(n/128), ceil(k/128)]) — 128x128 block scales; or
@@ -136,11 +138,27 @@ def fp8_gemm_nt(
     out = check_out(out, (m, n), _LOW_OUT, a_val)
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
+    if m == 0 or n == 0:  # nothing to compute (a CUDA graph capture must not see an empty launch either)
+        return out
+    if _fp8_cutlass_ok(a_val, b_val, out, c):
+        from .backends.cuda.cutlass_fp8 import fp8_gemm_nt_cutlass
+
+        return fp8_gemm_nt_cutlass(a_val, sfa, b_val, sfb, out, c)
     if _fp8_triton_ok(a_val, b_val):
         from .backends.cuda.triton_fp8_gemm import fp8_gemm_nt_triton
 
         return fp8_gemm_nt_triton(a_val, sfa, b_val, sfb, out, c)
     return ref.fp8_gemm_nt(a_val, sfa, b_val, sfb, out, c)
+
+
+def _fp8_cutlass_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bool:
+    """The CUTLASS FP8 GEMM takes this call: CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass, or "auto" once
+    `_dispatch.FP8_DENSE_AUTO` says so), built, and the operands fit it (bf16 out, bf16 or no C, k % 128, n % 8)."""
+    if not a.is_cuda or fp8_dense_impl(a.device) != "cutlass":
+        return False
+    from .backends.cuda import cutlass_fp8
+
+    return cutlass_fp8.applies(a, b, out, c)
 
 
 def _fp8_triton_ok(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -74,6 +74,8 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
         raise TypeError(f"config: expected a W4A16Config or None, got {type(config).__name__}")
     if config is not None and k % config.block_k:
         raise ValueError(f"config.block_k: expected a divisor of K={k}, got {config.block_k}")
+    if config is not None and k % (config.block_k * config.split_k):
+        raise ValueError(f"config.split_k: expected block_k * split_k to divide K={k}, got {config.split_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if use_triton(a.device):

@@ -1,8 +1,9 @@
 """Public deep_select API: argument validation, then the fastest available implementation.
 
-Every function has a reference twin in `reference.py`. On CUDA tensors (when `backend(device)` answers
-"triton") `topk`, `topk_ragged` and the selection step of `indexer_topk` run the Triton radix select
-(`backends/cuda/`); everything else, and every op on other devices, runs the reference. Validation looks at
+Every function has a reference twin in `reference.py`. On CUDA tensors `topk`, `topk_ragged` and the selection
+step of `indexer_topk` run a radix select (`backends/cuda/`): the CUDA C++ kernel when `backend(device)` answers
+"cuda" (the package was built with `_C`), the Triton kernels when it answers "triton" (and as the fallback of
+the CUDA kernel); everything else, and every op on other devices, runs the reference. Validation looks at
 shapes, dtypes and devices only, never at tensor values, so every function is safe to capture in a CUDA graph
 (run each shape once before capturing, so Triton compiles outside the capture).
 
@@ -17,6 +18,8 @@ Selection order shared by all functions (fast paths must reproduce it exactly):
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -39,12 +42,24 @@ _TABLE_DTYPES = (torch.int32, torch.int64)  # the engine's slot ids are int64; t
 TopkResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
-def _use_triton(t: torch.Tensor) -> bool:
-    """True when calls on t's device run the Triton kernels (CUDA, or CPU with the interpreter forced).
+def _fast_impl(t: torch.Tensor) -> str | None:
+    """ "cuda" / "triton" when calls on t's device run a fast selection kernel, None for the reference.
 
-    Empty inputs take the reference (nothing to read; it returns the all-padding result directly).
+    "triton" also covers CPU tensors with the interpreter forced. Empty inputs take the reference (nothing to
+    read; it returns the all-padding result directly).
     """
-    return t.numel() > 0 and backend(t.device) == "triton"
+    if t.numel() == 0:
+        return None
+    choice = backend(t.device)
+    return choice if choice in ("cuda", "triton") else None
+
+
+def _fused_ok(q: torch.Tensor) -> bool:
+    """Whether the fused Triton indexer kernel can serve q [t, h, d]: Triton importable, h and d powers of two
+    >= 16 (its dot tiles)."""
+    _, h, d = q.shape
+    pow2 = all(x >= 16 and x & (x - 1) == 0 for x in (h, d))
+    return pow2 and importlib.util.find_spec("triton") is not None
 
 
 def _fast_select(
@@ -54,14 +69,16 @@ def _fast_select(
     starts: torch.Tensor | None,
     sorted: bool,
     return_values: bool,
+    impl: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Triton top-k ids (relative to starts when given), then the optional value gather and rank sort.
+    """Kernel top-k ids (relative to starts when given), then the optional value gather and rank sort.
 
-    The kernel returns ids unsorted with -1 padding; sorting happens on the k picks only (tiny next to n).
+    impl: "cuda" or "triton" (`_fast_impl`). The kernel returns ids unsorted with -1 padding; sorting happens
+    on the k picks only (tiny next to n).
     """
-    from .backends.cuda.dispatch import select_indices  # imports triton: only on the fast path
+    from .backends.cuda.dispatch import select_indices  # may import triton: only on the fast path
 
-    idx = select_indices(scores, k, lengths=lengths, starts=starts)
+    idx = select_indices(scores, k, lengths=lengths, starts=starts, impl=impl)
     if not (sorted or return_values):
         return idx, None
     pad = idx < 0
@@ -121,8 +138,9 @@ def topk(
     check_same_device(scores=scores, lengths=lengths)
     if out is not None:
         check_out(out, (b, k), torch.int32, scores.device)
-    if _use_triton(scores):
-        idx, vals = _fast_select(scores, k, lengths, None, sorted, return_values)
+    impl = _fast_impl(scores)
+    if impl is not None:
+        idx, vals = _fast_select(scores, k, lengths, None, sorted, return_values, impl)
     else:  # the reference always sorts, which satisfies sorted=False too
         idx, vals = _ref.topk(scores, k, lengths, return_values)
     return _finish(idx, vals, out, return_values)
@@ -161,8 +179,9 @@ def topk_ragged(
     check_same_device(scores=scores, starts=starts, ends=ends)
     if out is not None:
         check_out(out, (t, k), torch.int32, scores.device)
-    if _use_triton(scores):
-        idx, vals = _fast_select(scores, k, ends, starts, sorted, return_values)
+    impl = _fast_impl(scores)
+    if impl is not None:
+        idx, vals = _fast_select(scores, k, ends, starts, sorted, return_values, impl)
     else:
         idx, vals = _ref.topk_ragged(scores, k, starts, ends, return_values)
     return _finish(idx, vals, out, return_values)
@@ -230,6 +249,7 @@ def indexer_topk(
     seq_rows: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     rows_per_block: int | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Paged lightning-indexer top-k: `topk(indexer_scores(...), k)` over each query's own sequence.
 
@@ -246,6 +266,12 @@ def indexer_topk(
             block_table[seq, j // rows_per_block] * rows_per_block + j % rows_per_block; table entries past
             the visible blocks are never read. None: entry j is k_cache row j (one sequence).
         rows_per_block: entries per block; taken from k_cache.shape[1] when k_cache is 3-D, required otherwise.
+        fused: on CUDA (with Triton installed; h and d powers of two >= 16, as V4's 64 x 128), run the fused
+            Triton kernel (`backends/cuda/triton_indexer.py`: scores and selection in one kernel, the [t, n]
+            score matrix is never written; 1.44x GEMM + torch.topk on the H200 at t = 4,096, n = 65,536).
+            Caveat: its fp32 sums run in a different order than `indexer_scores`, so entries whose scores differ
+            only by rounding (near-ties at the k-th place) may be chosen differently from `topk(indexer_scores)`;
+            inputs whose sums are exact select identically. Other devices / shapes ignore the flag.
 
     Returns:
         int32 [t, k] local entry ids j (not slots), -1 padded when visible[t] < k; order unspecified.
@@ -261,8 +287,15 @@ def indexer_topk(
     check_same_device(
         q=q, weights=weights, k_cache=k_cache, visible=visible, seq_rows=seq_rows, block_table=block_table
     )
-    if not _use_triton(q):
+    impl = _fast_impl(q)
+    if impl is None:
         return _ref.indexer_topk(q, weights, k_cache, k, visible, seq_rows, block_table, rpb)
-    # Scores by the reference (materialised [t, m] fp32), selection by the Triton kernel.
+    if fused and _fused_ok(q):
+        from .backends.cuda.triton_indexer import indexer_topk_fused
+
+        return indexer_topk_fused(
+            q, weights, k_cache, k, visible=visible, seq_rows=seq_rows, block_table=block_table, rows_per_block=rpb
+        )
+    # Scores by the reference (materialised [t, m] fp32), selection by the CUDA / Triton kernel.
     scores, lengths = _ref.indexer_topk_scores(q, weights, k_cache, visible, seq_rows, block_table, rpb)
-    return _fast_select(scores, k, lengths, None, False, False)[0]
+    return _fast_select(scores, k, lengths, None, False, False, impl)[0]

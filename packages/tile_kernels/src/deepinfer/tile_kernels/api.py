@@ -202,11 +202,29 @@ def hash_route(
     route_scale: float = 1.0,
     renorm: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hash routing: experts tid2eid[token_ids] ([vocab, topk] table), weights from logits [t, E]."""
+    """Hash routing: experts tid2eid[token_ids] ([vocab, topk] table), weights from logits [t, E].
+
+    token_ids: [t] int. Returns (weights [t, topk] fp32, ids [t, topk] int64) as `moe_route`. On CUDA (Triton)
+    token ids and table entries are not bounds-checked (no host sync): keep them in range."""
     check_tensor("logits", logits, ndim=2, floating=True)
     check_tensor("tid2eid", tid2eid, ndim=2)
+    check_tensor("token_ids", token_ids, ndim=1)
     if token_ids.shape != (logits.shape[0],):
         raise ValueError(f"token_ids must have shape {(logits.shape[0],)}, got {tuple(token_ids.shape)}")
+    if (
+        _triton_float_ok(logits)
+        and scoring in _ROUTE_SCORINGS
+        and token_ids.dtype in (torch.int32, torch.int64)
+        and tid2eid.dtype in (torch.int32, torch.int64)
+        and token_ids.device == tid2eid.device == logits.device
+        and 1 <= tid2eid.shape[1] <= _ROUTE_MAX_TOPK
+        and logits.shape[1] <= _ROUTE_MAX_EXPERTS
+        and isinstance(route_scale, (int, float))
+        and not isinstance(route_scale, bool)
+    ):
+        from .backends.cuda.triton_route import hash_route_triton  # ids unchecked on CUDA (no host sync)
+
+        return hash_route_triton(logits, token_ids, tid2eid, scoring, route_scale, bool(renorm))
     return _ref.hash_route(logits, token_ids, tid2eid, scoring, route_scale, renorm)
 
 

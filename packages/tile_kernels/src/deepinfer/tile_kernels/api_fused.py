@@ -2,7 +2,8 @@
 
 Each equals the composition of single-op references in `ref/fused.py` (rounding to the activation dtype in
 between, as the unfused path stores it). CUDA fp32/bf16/fp16 inputs run the Triton kernels of
-`backends/cuda/triton_fused.py`; everything else runs the reference.
+`backends/cuda/triton_fused.py` (`hadamard_fp4_quant_dequant`: `triton_hadamard.py`); everything else runs the
+reference.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from ._dispatch import TRITON_DTYPES, triton_float_ok
 from ._validate import check_tensor
 from .ref import fused as _ref
 
-__all__ = ["kv_norm_rope_quant", "swiglu_clamp_fp8"]
+__all__ = ["hadamard_fp4_quant_dequant", "kv_norm_rope_quant", "swiglu_clamp_fp8"]
+_HADAMARD_MAX_N = 1024  # triton_hadamard.MAX_N
 
 
 def _pow2(v: object) -> bool:
@@ -106,3 +108,25 @@ def _kv_fast(
     if out is not None and rows is None and out.shape[0] < kv.shape[0]:
         return False
     return rows is None or (rows.dtype in (torch.int32, torch.int64) and rows.device == kv.device)
+
+
+def hadamard_fp4_quant_dequant(x: torch.Tensor, scale: float | None = None, block: int = 32) -> torch.Tensor:
+    """V4's indexer rotation and FP4 simulation in one pass: fp4_quant_dequant_ue8m0(hadamard_transform(x, scale),
+    block), the transform rounded to x.dtype in between (bit-exact to the two ops in sequence).
+
+    x: float [..., n], n a power of two, n % block == 0 (V4: n = 128, block 32); scale: default n^-1/2.
+    Returns x's shape and dtype. On CUDA (n <= 1024, power-of-two block) one Triton pass: half the bytes.
+    """
+    check_tensor("x", x, floating=True)
+    n = x.shape[-1] if x.dim() else 0
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"x: last dim must be a power of two, got shape {tuple(x.shape)}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or n % block:
+        raise ValueError(f"block must be a positive int dividing n = {n}, got {block!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if triton_float_ok(x) and 2 <= n <= _HADAMARD_MAX_N and _pow2(block):
+        from .backends.cuda.triton_hadamard import hadamard_fp4_triton  # imports triton: only on this path
+
+        return hadamard_fp4_triton(x, scale, block)
+    return _ref.hadamard_fp4_quant_dequant(x, scale, block)

@@ -1,6 +1,8 @@
 """Public FP8 (e4m3) / FP4 (e2m1) quantisation ops: argument validation, then the reference in `ref/quant.py`,
-or, for CUDA fp32/bf16/fp16 input with a power-of-two block, the bit-exact Triton kernel of
-`backends/cuda/triton_quant.py` (fp8_quant_ue8m0, fp8_quant_dequant_ue8m0, per_token_group_quant_fp8).
+or, for CUDA fp32/bf16/fp16 input with a power-of-two block, the bit-exact Triton kernels of
+`backends/cuda/triton_quant.py` (fp8_quant_ue8m0, fp8_quant_dequant_ue8m0, per_token_group_quant_fp8) and
+`backends/cuda/triton_fp4.py` (fp4_quant_ue8m0, fp4_quant_dequant_ue8m0); `hadamard_transform` (n <= 1024) runs
+the bit-exact butterflies of `backends/cuda/triton_hadamard.py`.
 
 UE8M0 scales are powers of two 2^e. The exponent is ``ceil(log2(amax * fp32(1/max)))`` taken from the
 IEEE bits of that fp32 product (DeepSeek's kernels do the same), with amax floored at 1e-4 (FP8) or
@@ -37,6 +39,7 @@ __all__ = [
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SCALE_FMTS = ("ue8m0", "fp32")
+_HADAMARD_MAX_N = 1024  # triton_hadamard.MAX_N (kept here so the CPU path never imports triton)
 
 
 def _check_tensor(name: str, x: object, dtypes: tuple[torch.dtype, ...], min_dim: int = 1) -> torch.Tensor:
@@ -106,6 +109,12 @@ def fp8_quant_dequant_ue8m0(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return _ref.fp8_quant_dequant_ue8m0(x, block)
 
 
+def _fp4_triton(x: torch.Tensor, block: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    from .backends.cuda.triton_fp4 import fp4_group_quant_triton  # imports triton: only on this path
+
+    return fp4_group_quant_triton(x, block, mode)
+
+
 def fp4_quant_ue8m0(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise each contiguous `block` of the last dim to e2m1 codes with a power-of-two scale.
 
@@ -116,6 +125,8 @@ def fp4_quant_ue8m0(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, tor
     """
     _check_tensor("x", x, _FLOAT_DTYPES)
     _check_block("block", block, x.shape[-1])
+    if _fp8_fast(x, block):  # same limits as the FP8 kernel: power-of-two block <= 4096
+        return _fp4_triton(x, block, "codes")
     return _ref.fp4_quant_ue8m0(x, block)
 
 
@@ -127,6 +138,8 @@ def fp4_quant_dequant_ue8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """
     _check_tensor("x", x, _FLOAT_DTYPES)
     _check_block("block", block, x.shape[-1])
+    if _fp8_fast(x, block):
+        return _fp4_triton(x, block, "dequant")[0]
     return _ref.fp4_quant_dequant_ue8m0(x, block)
 
 
@@ -142,6 +155,10 @@ def hadamard_transform(x: torch.Tensor, scale: float | None = None) -> torch.Ten
         raise ValueError(f"x: last dim must be a power of two, got {n}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if triton_float_ok(x) and 2 <= n <= _HADAMARD_MAX_N:
+        from .backends.cuda.triton_hadamard import hadamard_triton  # imports triton: only on this path
+
+        return hadamard_triton(x, scale)
     return _ref.hadamard_transform(x, scale)
 
 

@@ -2,7 +2,7 @@
 
 from .ref.act import swiglu_clamp
 from .ref.compressor import softmax_pool
-from .ref.fused import kv_norm_rope_quant, swiglu_clamp_fp8
+from .ref.fused import hadamard_fp4_quant_dequant, kv_norm_rope_quant, swiglu_clamp_fp8
 from .ref.mhc import mhc_head, mhc_head_weights, mhc_post, mhc_pre, sinkhorn
 from .ref.moe import hash_route, moe_route, moe_scores
 from .ref.norm import rms_norm
@@ -10,6 +10,7 @@ from .ref.rope import apply_rope_interleaved, rope_cos_sin, rope_inv_freq
 
 __all__ = [
     "apply_rope_interleaved",
+    "hadamard_fp4_quant_dequant",
     "hash_route",
     "kv_norm_rope_quant",
     "mhc_head",

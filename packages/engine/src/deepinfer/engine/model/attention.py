@@ -50,8 +50,11 @@ class Attention:
         qr = tk.rms_norm(linear(x, self.wq_a), self.q_norm, cfg.rms_norm_eps)
         q = linear(qr, self.wq_b).view(t, cfg.num_heads, cfg.head_dim)
         q = self.rope.apply(tk.rms_norm(q, None, cfg.rms_norm_eps), cs)
-        kv = tk.rms_norm(linear(x, self.wkv), self.kv_norm, cfg.rms_norm_eps)
-        kv = self.quant_kv(self.rope.apply(kv, cs))
+        # One fused pass (bit-exact to rms_norm -> rope -> FP8 quant-dequant of the non-RoPE dims, each step rounded)
+        quant_block = 64 if self.qat else None
+        kv = tk.kv_norm_rope_quant(
+            linear(x, self.wkv), self.kv_norm, cs[0], cs[1], self.rope.rope_dim, cfg.rms_norm_eps, quant_block
+        )
         return qr, q, kv
 
     def _compress(self, x: torch.Tensor, b: StepBatch, pool: CachePool, layer: int) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from .act import swiglu_clamp
 from .norm import rms_norm
-from .quant import fp8_quant_dequant_ue8m0, per_token_group_quant_fp8
+from .quant import fp4_quant_dequant_ue8m0, fp8_quant_dequant_ue8m0, hadamard_transform, per_token_group_quant_fp8
 from .rope import apply_rope_interleaved
 
 
@@ -17,6 +17,12 @@ def swiglu_clamp_fp8(
     """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt): the SwiGLU output in
     gate.dtype, then quantised. gate, up [..., n] -> (q e4m3 [..., n], scales fp32 [..., n / group_size])."""
     return per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt)
+
+
+def hadamard_fp4_quant_dequant(x: torch.Tensor, scale: float | None = None, block: int = 32) -> torch.Tensor:
+    """fp4_quant_dequant_ue8m0(hadamard_transform(x, scale), block): V4's indexer rotation then FP4 simulation,
+    the transform rounded to x.dtype in between. x [..., n] -> x's shape and dtype."""
+    return fp4_quant_dequant_ue8m0(hadamard_transform(x, scale), block)
 
 
 def kv_norm_rope_quant(

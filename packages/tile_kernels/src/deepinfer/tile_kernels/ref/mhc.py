@@ -58,7 +58,11 @@ def mhc_post(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
 
 
 def mhc_head_weights(
-    x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
 ) -> torch.Tensor:
     """The head's stream weights: x [t, hc, d], fn [hc, hc*d], scale [1], base [hc] -> fp32 [t, hc]."""
@@ -67,7 +71,11 @@ def mhc_head_weights(
 
 
 def mhc_head(
-    x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, rms_eps: float = 1e-6,
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
 ) -> torch.Tensor:
     """Collapse the streams for the output head: x [t, hc, d], fn [hc, hc*d], scale [1], base [hc] -> [t, d]."""

@@ -39,11 +39,11 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
-
 def _ieee_div(x: torch.Tensor, c: float) -> torch.Tensor:
     """x / c correctly rounded on every device. (PyTorch's CUDA division by a Python / CPU scalar multiplies by
     the rounded reciprocal instead, which can differ in the last bit; dividing by a same-device tensor does not.)"""
     return x / torch.full_like(x, c)
+
 
 def ue8m0_exponent(amax: torch.Tensor, inv_max: float) -> torch.Tensor:
     """Scale exponent e = ceil(log2(amax * fp32(inv_max))) read from the fp32 bits of the product.

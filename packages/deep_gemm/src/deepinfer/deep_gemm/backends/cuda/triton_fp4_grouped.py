@@ -242,6 +242,10 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
         from .triton_fp4_grouped_v2 import launch_v2
 
         return launch_v2(a, packed, scales, offs, out, cfg, bool(dot_fp32), bool(use_asm))
+    if cfg.kernel == 3:
+        from .triton_fp4_grouped_v3 import launch_v3
+
+        return launch_v3(a, packed, scales, offs, out, cfg, bool(dot_fp32), bool(use_asm))
     a32 = _int32_view(a)  # [m, k/2] bf16 pairs (a bit view; a copy only when misaligned)
     b_u8 = packed.view(torch.uint8)  # bit views: no copies
     s_u8 = scales.view(torch.uint8)

@@ -18,14 +18,17 @@ from __future__ import annotations
 import dataclasses
 import re
 
-__all__ = ["W4A16Config", "DECODE", "PREFILL", "SWEEP", "default_config", "parse_config", "rows_per_group"]
+__all__ = ["W4A16Config", "DECODE", "PREFILL", "V3_DECODE", "SWEEP", "default_config", "parse_config", "rows_per_group"]
 
 
 @dataclasses.dataclass(frozen=True)
 class W4A16Config:
     """One launch configuration: tile sizes (powers of two; block_m, block_n >= 16; block_k >= 32, dividing k),
     Triton's num_warps / num_stages, and which kernel: 1 = `triton_fp4_grouped.py`, 2 =
-    `triton_fp4_grouped_v2.py` (natural-k-order single dot, int32 scale words; block_k must be 128)."""
+    `triton_fp4_grouped_v2.py` (natural-k-order single dot, int32 scale words; block_k must be 128), 3 =
+    `triton_fp4_grouped_v3.py` (decode: fewer dequant ops per weight, optional split-K).
+    Kernel 3 only: fold = one multiply by 2^(s-1) per two weights (exact for scale bytes <= 128 only, see
+    the kernel's docstring); split_k in {1, 2, 4, 8} = k splits with fp32 partials and a reduce kernel."""
 
     block_m: int
     block_n: int
@@ -33,6 +36,8 @@ class W4A16Config:
     num_warps: int = 4
     num_stages: int = 3
     kernel: int = 1
+    fold: bool = False
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -45,25 +50,36 @@ class W4A16Config:
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages: expected an int in [1, 8], got {self.num_stages!r}")
-        if self.kernel not in (1, 2):
-            raise ValueError(f"kernel: expected 1 or 2, got {self.kernel!r}")
+        if self.kernel not in (1, 2, 3):
+            raise ValueError(f"kernel: expected 1, 2 or 3, got {self.kernel!r}")
+        if self.split_k not in (1, 2, 4, 8):
+            raise ValueError(f"split_k: expected 1, 2, 4 or 8, got {self.split_k!r}")
+        if self.kernel != 3 and (self.fold or self.split_k != 1):
+            raise ValueError(f"fold / split_k: kernel 3 only, got kernel={self.kernel} with fold={self.fold!r}, "
+                             f"split_k={self.split_k}")  # fmt: skip
         if self.kernel == 2 and self.block_k != 128:
             raise ValueError(f"block_k: kernel 2 needs 128, got {self.block_k!r}")
 
     @property
     def name(self) -> str:
-        """Short id, e.g. 'm16n64k128w2s3' (kernel 2: suffix 'v2'; parse it back with `parse_config`)."""
-        v = "v2" if self.kernel == 2 else ""
+        """Short id, e.g. 'm16n64k128w2s3' (kernel 2: suffix 'v2'; kernel 3: 'v3', then 'f' for fold and 'x2'
+        for split_k = 2; parse it back with `parse_config`)."""
+        v = "" if self.kernel == 1 else f"v{self.kernel}"
+        v += ("f" if self.fold else "") + (f"x{self.split_k}" if self.split_k > 1 else "")
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{v}"
 
 
 def parse_config(name: str) -> W4A16Config:
-    """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3), '...v2' -> kernel 2; ValueError for anything else."""
-    match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(v2)?", name)
+    """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3); '...v2' -> kernel 2; '...v3', '...v3f', '...v3fx2'
+    -> kernel 3 (fold, split_k 2); ValueError for anything else (including fold / split on kernels 1-2)."""
+    match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:v([23]))?(f)?(?:x(\d+))?", name)
     if match is None:
-        raise ValueError(f"config: expected a name like 'm16n64k128w2s3' or 'm128n128k128w8s3v2', got {name!r}")
-    *ints, v2 = match.groups()
-    return W4A16Config(*(int(v) for v in ints), kernel=2 if v2 else 1)
+        raise ValueError(
+            f"config: expected a name like 'm16n64k128w2s3', '...v2' or 'm16n64k128w2s3v3fx2', got {name!r}"
+        )
+    *ints, kern, fold, split = match.groups()
+    kernel = int(kern) if kern else 1
+    return W4A16Config(*(int(v) for v in ints), kernel=kernel, fold=bool(fold), split_k=int(split or 1))
 
 
 # Decode default: measured best of num_warps 2/4/8 and stages 2/3/4 on an H200 (Triton 3.6) for 8 experts x
@@ -75,14 +91,23 @@ DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3)
 # prefill cases (e.g. 32 x 256 tokens gate+up: 7.2 ms vs 7.8 ms for kernel 1 with the same tiles).
 PREFILL = W4A16Config(128, 128, 128, num_warps=8, num_stages=3, kernel=2)
 MID = W4A16Config(64, 128, 128, num_warps=4, num_stages=3)  # 17..96 rows per group
+# Kernel 3 on the decode tiles (exact on the full scale domain): the candidate decode default, pending the GPU
+# sweep (the lead switches DECODE to the fastest correct kernel-3 config of `meta.w4a16_best`).
+V3_DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3, kernel=3)
 
 # What the benchmark times per regime (every one is also a `gpu` test); the defaults are among them.
 SWEEP: dict[str, tuple[W4A16Config, ...]] = {
     "decode": (
         DECODE,
-        W4A16Config(16, 64, 128, num_warps=4, num_stages=3),  # 4 warps: wgmma (m64) instead of mma.sync
-        W4A16Config(16, 32, 128, num_warps=2, num_stages=4),  # twice the programs, deeper pipeline
-        W4A16Config(16, 64, 256, num_warps=4, num_stages=2),  # half the k-loop trips, same bytes in flight
+        W4A16Config(16, 32, 128, num_warps=2, num_stages=4),  # twice the programs, deeper pipeline (tpe8's best)
+        # kernel 3 (fewer dequant ops per weight) side by side with kernel 1 on the same tiles. The 4-warp kernel-1
+        # configs (m16n64k128w4s3: 1.2 TB/s, m16n64k256w4s2: 0.95 TB/s vs 1.7-1.9 for DECODE on the H200) left
+        # the sweep to keep the benchmark inside its time budget.
+        V3_DECODE,
+        W4A16Config(16, 64, 128, num_warps=2, num_stages=3, kernel=3, fold=True),  # one multiply per 2 weights
+        W4A16Config(16, 32, 128, num_warps=2, num_stages=6, kernel=3),  # 138 regs: 7 CTAs/SM, 5 stages in flight
+        W4A16Config(16, 32, 128, num_warps=2, num_stages=6, kernel=3, fold=True),  # the same, fewest instructions
+        W4A16Config(16, 64, 128, num_warps=2, num_stages=3, kernel=3, split_k=2),  # twice the programs
     ),
     "prefill": (
         PREFILL,
@@ -90,6 +115,9 @@ SWEEP: dict[str, tuple[W4A16Config, ...]] = {
         W4A16Config(128, 64, 128, num_warps=4, num_stages=3),
         W4A16Config(64, 64, 128, num_warps=4, num_stages=4),
         W4A16Config(128, 128, 128, num_warps=8, num_stages=3),  # kernel 1 with the prefill tiles
+        # 256-row tiles: a 192-256-row expert is ONE row tile, so each weight is dequantised once instead of twice
+        # (sm_90a compile, Triton 3.9: 254 registers, 40 bytes of spills, 148 KB shared; 3 stages spill more)
+        W4A16Config(256, 128, 128, num_warps=8, num_stages=2, kernel=2),
     ),
 }
 

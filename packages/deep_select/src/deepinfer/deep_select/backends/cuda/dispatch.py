@@ -1,6 +1,8 @@
-"""Triton selection behind the public API: split rows (few long rows), else v3, else v2, else v1.
+"""Selection behind the public API: the CUDA C++ kernel (`cuda_topk.py`) when `_C` was built and the backend
+is "cuda", else the Triton chain: split rows (few long rows), else v3, else v2, else v1.
 
-The API calls these only on CUDA tensors (or CPU tensors when the Triton backend is forced under
+The CUDA kernel, like every Triton kernel, falls back to the next one with one RuntimeWarning should it fail to
+launch. The API calls these only on CUDA tensors (or CPU tensors when the Triton backend is forced under
 TRITON_INTERPRET=1). Row-wise calls with too few rows to fill the GPU (`triton_split.choose_segments`) cut each
 row into segments (`triton_split.py`, CUDA only); everything else runs v3 (`triton_filter.py`). Should a kernel
 fail (compile or launch) on some Triton version, its first failure is reported once as a RuntimeWarning and the
@@ -15,10 +17,8 @@ import warnings
 
 import torch
 
-from .triton_filter import topk_triton_v3
-from .triton_select import topk_triton_v2
-from .triton_split import choose_segments, topk_triton_split
-from .triton_topk import topk_triton
+from .cuda_topk import available as cuda_available
+from .cuda_topk import topk_cuda
 
 __all__ = ["select_indices"]
 
@@ -30,10 +30,9 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _segments(scores: torch.Tensor, k: int, starts: torch.Tensor | None) -> int:
-    if starts is not None or scores.device.type != "cuda":
-        return 1
-    return choose_segments(scores.shape[0], scores.shape[1], k, _num_sms(scores.device.index or 0))
+def _warn_failed(name: str, exc: Exception) -> None:
+    _FAILED[name] = f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"deep_select: top-k kernel {name} failed: {_FAILED[name]}", RuntimeWarning, stacklevel=3)
 
 
 def select_indices(
@@ -43,9 +42,38 @@ def select_indices(
     lengths: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    impl: str = "triton",
 ) -> torch.Tensor:
-    """Unsorted top-k ids int32 [b, k] of scores [b, n] (-1 padded), as `topk_triton_v3`."""
-    segments = _segments(scores, k, starts)
+    """Unsorted top-k ids int32 [b, k] of scores [b, n] (-1 padded), as `topk_triton_v3`.
+
+    impl: "cuda" tries the compiled kernel first (CUDA tensors, `_C` built), then the Triton chain; "triton"
+    runs the Triton chain only.
+    """
+    fits = scores.shape[1] < 2**31  # the CUDA kernel's column ids are int32 keys
+    if impl == "cuda" and scores.is_cuda and fits and cuda_available() and "cuda" not in _FAILED:
+        try:
+            return topk_cuda(scores, k, lengths=lengths, starts=starts, out=out)
+        except RuntimeError as exc:  # launch failure: report once, then the Triton chain serves
+            _warn_failed("cuda", exc)
+    return _select_triton(scores, k, lengths, starts, out)
+
+
+def _select_triton(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The Triton chain: split (few long rows) -> v3 -> v2 -> v1. Imports triton on first use."""
+    from .triton_filter import topk_triton_v3
+    from .triton_select import topk_triton_v2
+    from .triton_split import choose_segments, topk_triton_split
+    from .triton_topk import topk_triton
+
+    segments = 1
+    if starts is None and scores.device.type == "cuda":
+        segments = choose_segments(scores.shape[0], scores.shape[1], k, _num_sms(scores.device.index or 0))
     kernels = {
         "split": lambda: topk_triton_split(scores, k, segments, lengths=lengths, out=out),
         "v3": lambda: topk_triton_v3(scores, k, lengths=lengths, starts=starts, out=out),
@@ -59,8 +87,7 @@ def select_indices(
         try:
             return run()
         except Exception as exc:  # compile / launch failure of a new kernel: fall back to the next one
-            _FAILED[name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"deep_select: Triton top-k {name} failed: {_FAILED[name]}", RuntimeWarning, stacklevel=2)
+            _warn_failed(name, exc)
     if starts is not None:
         raise RuntimeError(f"deep_select: ragged top-k needs the v3 or v2 kernel, which failed: {_FAILED}")
     return topk_triton(scores, k, lengths=lengths, out=out)

@@ -21,10 +21,30 @@ one power-of-two scale per 64 dims and 64 bf16 RoPE dims, dequantised exactly to
 GEMMs (an e4m3 value times a power of two is a bf16 number): the FP8 cache reads 584 instead of 1,024 bytes
 per row and gives the same result as the dequantised bf16 cache up to accumulation order.
 
-Known cost (read from the sm_90a code Triton 3.9 generates; not measured): with 8 warps and a dot feeding
-another dot, Triton puts all warps along M, and M is only 64 heads, so both warpgroups compute the same scores
-tile (64 m64n16k16 wgmma per warpgroup per tile) while P @ V is split between them (n256 each): 1.5x the useful
-tensor work. Decode is bound by the row gather, so this matters for prefill (at most ~2/3 of the bf16 peak).
+Where the time goes (V4: 64 heads x 512, BN-row tiles; sm_90a code from Triton 3.9 on the CPU machine,
+`tests/fm_sm90_compile.py`, plus the H200 numbers of 2026-11-30; the GPU runs Triton 3.6, so recheck there):
+
+* Work per tile: 2 * 64 * BN * 512 FLOPs each for S = q K^T and P @ V (4.2 MFLOP at BN = 64) over BN * 1,024 B
+  (BF16, 64 KiB) or BN * 584 B (FP8, 36.5 KiB): 64 FLOP/B BF16, 112 FP8. The H200's ridge is ~180 FLOP/B, so
+  both are memory-bound in principle: BF16 decode tops out near 4.07 TB/s * 64 = 260 TFLOPS (the 250 goal is
+  ~96 % of copy bandwidth), FP8 near 457 (then the tensor cores bind).
+* Registers: the [64, 512] fp32 accumulator is 128 registers per thread over 8 warps (P @ V has
+  `warpsPerCTA = [4, 2]`: each warpgroup owns 256 output dims). Every variant compiles to 255 registers plus
+  stack: 336 B (BF16, 64 x 2 stages), 376 B (FP8, 32 x 3), 1,120 B (FP8, 64 x 2): the spills are mostly 64-bit
+  addresses of the next tile's cp.async gathers (reloaded once per tile), for FP8 also the dequantised tile.
+* Duplicated scores, confirmed: S has `warpsPerCTA = [8, 1]` (Triton puts all warps along M when a dot feeds
+  another dot in the loop body) and M = 64, so both warpgroups compute the whole [64, BN] S: per tile 3 units of
+  tensor work for 2 useful; the compute ceiling is 2/3 of the peak. `triton_split_deferred.py` removes it.
+* Shared memory: q 64 KiB + stages * BN KiB (bf16 tile) = 192 KiB at 64 x 2 (FP8 64 x 2: 224 KiB with the
+  uint8 staging and the bf16 copy the wgmma reads): one CTA per SM, so nothing hides one CTA's softmax.
+* Serialisation: every wgmma is followed by a wait(0); load -> S -> softmax -> P @ V run back to back and only
+  the cp.async gather of the next tile overlaps. Decode b = 128, s_q = 2 (256 CTAs, two waves): 106.6 us, i.e.
+  ~5.3 us per 64-row tile against ~2.3 us of tensor work (with the duplication) and ~2.2 us of the SM's share
+  of HBM: neither unit is busy; the time is latency of the serial chain.
+* FP8 (2x slower than BF16 though it reads 57 % of the bytes): the [BN, 512] tile is dequantised in registers
+  through a [BN, 8, 64] reshape and a [BN, 512] select, on top of the accumulator (more spills), and the work
+  sits on the serial chain. `triton_split_chunked.py` applies the 7 scales per 64-dim chunk (one multiply by a
+  per-row [BN] vector, no reshape, no gather): 384 B of stack at 64 x 2 instead of 1,120, one bf16 chunk live.
 
 DOT_FP32 / BF16_RNE: as in `triton_sparse_attn.py` (interpreter runs: fp32 dot operands, RNE bf16 stores).
 The launcher reads shapes, strides and dtypes only: no .item(), no host sync, CUDA-graph safe.
@@ -40,7 +60,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["default_split_config", "plan_num_splits", "sparse_attn_split_triton"]
+__all__ = ["DEFAULT_KERNELS", "KERNELS", "default_split_config", "plan_num_splits", "sparse_attn_split_triton"]
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -281,7 +301,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def default_split_config(h: int, d: int, *, fp8: bool = False) -> tuple[int, int, int, int]:
+def default_split_config(h: int, d: int, *, fp8: bool = False, kernel: str = "fused") -> tuple[int, int, int, int]:
     """(block_h, block_n, num_warps, num_stages) for h heads of dim d (fp8: an FP8 cache is involved).
 
     block_h: all heads of a token up to 64 (tl.dot needs M >= 16). For d = 512 the fp32 accumulator [64, 512] is
@@ -289,10 +309,12 @@ def default_split_config(h: int, d: int, *, fp8: bool = False) -> tuple[int, int
     benchmarks/results/2026-11-30-bench-flash_mla.json) with BF16 caches: 64-row tiles with two cp.async stages
     beat 32-row tiles with three (decode b=128 s_q=2: 107 vs 122 us; prefill 4,096 queries: 1,331 vs 1,825 us)
     and 16-row tiles (175 / 2,647 us). FP8 rows are dequantised in registers (more pressure) and were only
-    measured at 32 x 3, so they keep it.
+    measured at 32 x 3, so they keep it. kernel: the `sparse_attn_split_triton` kernel the config is for.
     """
     block_h = max(16, min(64, triton.next_power_of_2(h)))
     num_warps = 8 if block_h * d >= 64 * 256 else 4
+    if kernel == "deferred" and d >= 512:  # two gathers per tile in flight: 64 x 2 needs 328 KiB of smem
+        return block_h, 32, num_warps, 3  # (sm_90a compile, Triton 3.9: 196 KiB, no spills with BF16 rows)
     if d >= 512 and fp8:
         return block_h, 32, num_warps, 3
     return block_h, 64, num_warps, 2 if d >= 512 else 3
@@ -368,15 +390,52 @@ def _buffers(
 _STAGES_CAP: dict[tuple, int] = {}
 
 
-def _launch(grid: tuple[int], args: tuple, consts: dict, num_warps: int, num_stages: int) -> None:
-    """Launch the split kernel; if this build of Triton needs more shared memory than the SM has for
-    num_stages (compile time, so never inside a CUDA-graph capture that follows a warm-up call), retry with
-    fewer stages down to 1 and remember the count that fits."""
-    key = (tuple(sorted(consts.items())), num_warps)
+# sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred
+KERNELS = ("fused", "chunked", "deferred")
+
+
+def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
+    if kernel == "fused":
+        return _split_attn_kernel
+    if kernel == "chunked":
+        from .triton_split_chunked import _split_chunked_kernel  # imports this module: import here, not on top
+
+        return _split_chunked_kernel
+    if kernel == "deferred":
+        from .triton_split_deferred import _split_deferred_kernel
+
+        return _split_deferred_kernel
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+
+
+# The kernel `sparse_attn_split_triton(kernel=None)` runs, per cache format ("fp8": any FP8 cache involved).
+# Switch an entry to "chunked" / "deferred" once the H200 run shows it faster and its GPU tests pass.
+DEFAULT_KERNELS = {"bf16": "fused", "fp8": "fused"}
+
+
+def _pick_kernel(kernel: str | None, d: int, fp8: bool) -> str:
+    """The kernel name to run: the given one (checked) or DEFAULT_KERNELS' (fused when chunked cannot take d)."""
+    if kernel is None:
+        kernel = DEFAULT_KERNELS["fp8" if fp8 else "bf16"]
+        return "fused" if kernel == "chunked" and d != 512 else kernel
+    _kernel_fn(kernel)  # an unknown name raises before any work
+    if kernel == "chunked" and d != 512:
+        raise ValueError(f"kernel='chunked': expected head dim d = 512, got {d}")
+    return kernel
+
+
+def _launch(
+    grid: tuple[int], args: tuple, consts: dict, num_warps: int, num_stages: int, kernel: str = "fused"
+) -> None:
+    """Launch the split kernel (`kernel`: a name of KERNELS, all take the same arguments); if this build of
+    Triton needs more shared memory than the SM has for num_stages (compile time, so never inside a CUDA-graph
+    capture that follows a warm-up call), retry with fewer stages down to 1 and remember the count that fits."""
+    fn = _kernel_fn(kernel)
+    key = (kernel, tuple(sorted(consts.items())), num_warps)
     stages = min(num_stages, _STAGES_CAP.get(key, num_stages))
     while True:
         try:
-            _split_attn_kernel[grid](*args, **consts, num_warps=num_warps, num_stages=stages)
+            fn[grid](*args, **consts, num_warps=num_warps, num_stages=stages)
             return
         except OutOfResources:
             if stages <= 1:
@@ -399,6 +458,7 @@ def sparse_attn_split_triton(
     num_splits: int | None = None,
     config: tuple[int, int, int, int] | None = None,
     dot_fp32: bool | None = None,
+    kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention, all heads per program, split-KV; returns (out [t, h, d] q.dtype, lse fp32 [t, h]).
 
@@ -413,6 +473,10 @@ def sparse_attn_split_triton(
         num_splits: splits per token (None: `plan_num_splits` for this device); 1 = no workspace, no combine.
         config: (block_h, block_n, num_warps, num_stages) override of `default_split_config`.
         dot_fp32: fp32 dot operands (None: under TRITON_INTERPRET=1 only).
+        kernel: None (DEFAULT_KERNELS for the cache format: "fused" today), "fused" (this module's kernel),
+            "chunked" (`triton_split_chunked.py`: the tile in eight 64-dim chunks, FP8 scales applied per chunk;
+            d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
+            across warpgroups). Same results up to rounding.
     """
     if q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"q: expected bf16/fp32 [t, h, d], got {q.dtype} {tuple(q.shape)}")
@@ -428,12 +492,13 @@ def sparse_attn_split_triton(
     has_extra = extra_kv is not None and extra_indices is not None
     ex_f, ex_fp8 = _cache_rows("extra_kv", extra_kv, d) if has_extra else (kv_f, kv_fp8)
     ex_idx = _index_rows("extra_indices", extra_indices, t) if has_extra else idx
+    kernel = _pick_kernel(kernel, d, kv_fp8 or ex_fp8)
     out, lse_out = _buffers(q, out, lse_out)
     if t == 0 or h == 0:
         return out, lse_out
     if dot_fp32 is None:
         dot_fp32 = _interpreting()
-    block_h, block_n, num_warps, num_stages = config or default_split_config(h, d, fp8=kv_fp8 or ex_fp8)
+    block_h, block_n, num_warps, num_stages = config or default_split_config(h, d, fp8=kv_fp8 or ex_fp8, kernel=kernel)
     num_hb = triton.cdiv(h, block_h)
     topk_ex = ex_idx.shape[1] if has_extra else 0
     tiles = triton.cdiv(idx.shape[1], block_n) + triton.cdiv(topk_ex, block_n)
@@ -462,7 +527,7 @@ def sparse_attn_split_triton(
         D=d, BLOCK_H=block_h, BLOCK_N=block_n, NUM_HB=num_hb, SPLIT=num_splits > 1, HAS_EXTRA=has_extra,
         HAS_SINK=sink is not None, KV_FP8=kv_fp8, EX_FP8=ex_fp8, DOT_FP32=bool(dot_fp32), BF16_RNE=bf16_rne,
     )  # fmt: skip
-    _launch((t * num_splits * num_hb,), args, consts, num_warps, num_stages)
+    _launch((t * num_splits * num_hb,), args, consts, num_warps, num_stages, kernel)
     if num_splits > 1:
         comb_h, comb_d = 2, min(d, 256)  # [2, 256] fp32 per program: 64 programs per token at V4 (b = 1 too)
         comb_hb = triton.cdiv(h, comb_h)

@@ -30,7 +30,7 @@ documentation (hiascend.com, op-plugin); no NPU run was made.
   makes one fp32 scale amax/max per row, not per 64/128 group nor a power of two
 * `fp4_quant_ue8m0`, `fp4_quant_dequant_ue8m0`, `fp4_pack`, `unpack_fp4` -> reference: e2m1 with E8M0 scales per 32:
   no torch_npu operator with this format on A2/A3
-* `hadamard_transform` -> reference: no torch_npu Walsh-Hadamard operator confirmed
+* `hadamard_transform`, `hadamard_fp4_quant_dequant` -> reference: no torch_npu Walsh-Hadamard operator confirmed
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ _WHY = {
     "fp4_pack": "e2m1 + E8M0 per 32: no torch_npu operator on A2/A3",
     "unpack_fp4": "exact table lookup (aten)",
     "hadamard_transform": "no torch_npu Walsh-Hadamard operator confirmed",
+    "hadamard_fp4_quant_dequant": "no torch_npu Walsh-Hadamard operator confirmed; e2m1 + E8M0 per 32 neither",
 }
 
 

@@ -77,16 +77,26 @@ def _swiglu_fp8_kernel(
 
 
 @triton.jit
+def _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk):
+    """cos, sin [BT, BD / 2] fp32 of the rope pairs (1 and 0 outside the rope region)."""
+    c = tl.load(cos_ptr + tok[:, None] * sct + kk[None, :] * sck, mask=km, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + tok[:, None] * sst + kk[None, :] * ssk, mask=km, other=0.0).to(tl.float32)
+    return c, s
+
+
+@triton.jit
 def _kv_fused_kernel(
     kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
     T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
     HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, EARLY_CS: tl.constexpr,
 ):  # fmt: skip
     """kv [T, d] strided, weight [d], cos/sin [T, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns).
 
     BLOCK_T tokens per program as a [BLOCK_T, BLOCK_D] tile (one token per program left a 1 KB row and two warps
-    per program at V4's d = 512: latency-bound at a third of the copy bandwidth).
+    per program at V4's d = 512: latency-bound at a third of the copy bandwidth). EARLY_CS issues the cos / sin
+    loads with kv's (otherwise after the norm's cross-warp reduction: a second DRAM round trip per program) at
+    the cost of holding them in registers through the norm; same arithmetic, same bits.
     """
     t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
     tok = t0 + tl.arange(0, BLOCK_T)  # [BT]
@@ -96,18 +106,20 @@ def _kv_fused_kernel(
     x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & cmask[None, :], other=0.0).to(
         tl.float32
     )
+    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
+    kr = (k >= 0) & (k < (d - NOPE) // 2)
+    kk = tl.maximum(k, 0)
+    km = tmask[:, None] & kr[None, :]
+    if EARLY_CS:
+        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
     w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
     ms = tl.sum(x * x, axis=1) / d  # [BT], triton_norm's order
     r = 1.0 / tl.sqrt(ms + eps)
     dt = kv_ptr.dtype.element_ty
     y = _round_act(w[None, :] * (x * r[:, None]), dt, IS_BF16, HW_CAST)
     a, b = tl.split(tl.reshape(y, [BLOCK_T, BLOCK_D // 2, 2]))  # pairs (2k, 2k + 1): [BT, BD / 2] each
-    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
-    kr = (k >= 0) & (k < (d - NOPE) // 2)
-    kk = tl.maximum(k, 0)
-    km = tmask[:, None] & kr[None, :]
-    c = tl.load(cos_ptr + tok[:, None] * sct + kk[None, :] * sck, mask=km, other=1.0).to(tl.float32)
-    s = tl.load(sin_ptr + tok[:, None] * sst + kk[None, :] * ssk, mask=km, other=0.0).to(tl.float32)
+    if not EARLY_CS:
+        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
     ra = _round_act(tl.where(kr[None, :], a * c - b * s, a), dt, IS_BF16, HW_CAST)
     rb = _round_act(tl.where(kr[None, :], a * s + b * c, b), dt, IS_BF16, HW_CAST)
     y = tl.reshape(tl.join(ra, rb), [BLOCK_T, BLOCK_D])
@@ -162,12 +174,16 @@ def swiglu_clamp_fp8_triton(
     group_size: int = 128,
     scale_fmt: str = "ue8m0",
     store_y: bool = False,
+    *,
+    tile_elems: int | None = None,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt) in one pass.
 
     gate, up: [..., n] same shape, fp32/bf16/fp16, any strides; n % group_size == 0, group_size a power of two
     in [2, 4096]; scale_fmt "ue8m0" (2^e scales) or "fp32" (amax / 448). Returns (q float8_e4m3fn [..., n],
     scales fp32 [..., n / group_size]). `store_y` (tests): returns (the SwiGLU output in gate.dtype, None).
+    tile_elems / num_warps: benchmark configs (None: TILE_ELEMS elements per program, the default warps).
     """
     _float("gate", gate)
     _float("up", up)
@@ -190,14 +206,14 @@ def swiglu_clamp_fp8_triton(
     n_groups = gate.numel() // group_size
     if n_groups:
         g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
-        bg = max(1, min(TILE_ELEMS // group_size, triton.next_power_of_2(n_groups)))
+        bg = max(1, min((tile_elems or TILE_ELEMS) // group_size, triton.next_power_of_2(n_groups)))
         _swiglu_fp8_kernel[(triton.cdiv(n_groups, bg),)](
             g2, u2, q.view(torch.uint8), s, y,
             n_groups, n // group_size, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
             float(limit) if limit is not None else 0.0, 1.0 / FP8_MAX,
             HAS_LIMIT=limit is not None, STORE_Y=store_y, MODE=1 if scale_fmt == "ue8m0" else 2, GROUP=group_size,
             BLOCK_G=bg, IS_BF16=gate.dtype == torch.bfloat16, HW_CAST=gate.is_cuda,
-            num_warps=max(1, min(8, bg * group_size // 512)), enable_fp_fusion=False,
+            num_warps=num_warps or max(1, min(8, bg * group_size // 512)), enable_fp_fusion=False,
         )  # fmt: skip
     return (y, None) if store_y else (q, s)
 
@@ -235,6 +251,10 @@ def kv_norm_rope_quant_triton(
     quant_block: int | None = 64,
     out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    *,
+    block_t: int | None = None,
+    num_warps: int | None = None,
+    early_cos_sin: bool = False,
 ) -> torch.Tensor:
     """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
 
@@ -242,6 +262,8 @@ def kv_norm_rope_quant_triton(
     None (no FP8 simulation) or a power of two dividing d - rope_dim. out: None (returns a new [t, d] kv.dtype)
     or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
     None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
+    block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
+    early_cos_sin: the kernel's EARLY_CS (a benchmark config).
     """
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
@@ -265,13 +287,13 @@ def kv_norm_rope_quant_triton(
         return out
     bd = max(16, triton.next_power_of_2(d))
     qb = quant_block if quant else 2
-    bt = _kv_block_t(t, bd)
+    bt = block_t or _kv_block_t(t, bd)
     _kv_fused_kernel[(triton.cdiv(t, bt),)](
         kv, weight, cos, sin, out, rows if rows is not None else out,
         t, d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         out.stride(0), float(eps), 1.0 / FP8_MAX,
         HAS_ROWS=rows is not None, NOPE=nope, QUANT=quant, QB=qb, BLOCK_T=bt, BLOCK_D=bd,
-        IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, num_warps=max(1, min(8, bt * bd // 256)),
-        enable_fp_fusion=False,
+        IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, EARLY_CS=bool(early_cos_sin),
+        num_warps=num_warps or max(1, min(8, bt * bd // 256)), enable_fp_fusion=False,
     )  # fmt: skip
     return out

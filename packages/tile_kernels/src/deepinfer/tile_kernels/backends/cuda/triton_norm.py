@@ -25,9 +25,18 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, y_ptr,
-    n_rows, d, stride_xr, stride_xd, stride_w, eps,
-    HAS_WEIGHT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    n_rows,
+    d,
+    stride_xr,
+    stride_xd,
+    stride_w,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """x [n_rows, d] (strided), w [d] (strided) -> y [n_rows, d] contiguous (y dtype)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BR]
@@ -100,8 +109,18 @@ def rms_norm_triton(
     x2 = x.reshape(n_rows, d)  # a view whenever the leading dims merge into one stride
     br, bd, warps = _blocks(n_rows, d)
     _rms_norm_kernel[(triton.cdiv(n_rows, br),)](
-        x2, weight if weight is not None else x2, out,
-        n_rows, d, x2.stride(0), x2.stride(1), weight.stride(0) if weight is not None else 0, float(eps),
-        HAS_WEIGHT=weight is not None, BLOCK_R=br, BLOCK_D=bd, num_warps=warps,
+        x2,
+        weight if weight is not None else x2,
+        out,
+        n_rows,
+        d,
+        x2.stride(0),
+        x2.stride(1),
+        weight.stride(0) if weight is not None else 0,
+        float(eps),
+        HAS_WEIGHT=weight is not None,
+        BLOCK_R=br,
+        BLOCK_D=bd,
+        num_warps=warps,
     )
     return out

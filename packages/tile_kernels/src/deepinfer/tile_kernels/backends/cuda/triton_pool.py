@@ -55,11 +55,19 @@ def _pool_kernel(
     tl.store(out_ptr + w * C + cols, out, mask=cmask)
 
 
-def softmax_pool_triton(kv: torch.Tensor, score: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def softmax_pool_triton(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_c: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
     """out[w, c] = sum_s softmax_s(score[w, :, c]) * kv[w, s, c], same contract as `ref.compressor.softmax_pool`.
 
     kv, score: [windows, slots, c], same shape, fp32/bf16/fp16 (fp32 in V4), any strides, slots <= MAX_SLOTS.
     Returns fp32 [windows, c] contiguous (into `out` when given: contiguous fp32 of that shape). No host sync.
+    block_c / num_warps: benchmark configs (columns per program, a power of two >= 16; None: the default tile).
     """
     for name, t in (("kv", kv), ("score", score)):
         if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES:
@@ -81,7 +89,7 @@ def softmax_pool_triton(kv: torch.Tensor, score: torch.Tensor, out: torch.Tensor
     if s == 0:  # softmax over no slots: the reference's empty sum is 0
         return out.zero_()
     bs = triton.next_power_of_2(s)
-    bc = max(16, min(triton.next_power_of_2(c), TILE_ELEMS // bs, 1024))
+    bc = block_c or max(16, min(triton.next_power_of_2(c), TILE_ELEMS // bs, 1024))
     _pool_kernel[(w, triton.cdiv(c, bc))](
         kv,
         score,
@@ -96,6 +104,6 @@ def softmax_pool_triton(kv: torch.Tensor, score: torch.Tensor, out: torch.Tensor
         score.stride(2),
         BLOCK_S=bs,
         BLOCK_C=bc,
-        num_warps=max(1, min(8, bs * bc // 512)),
+        num_warps=num_warps or max(1, min(8, bs * bc // 512)),
     )
     return out

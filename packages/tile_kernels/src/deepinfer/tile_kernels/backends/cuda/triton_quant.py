@@ -167,7 +167,13 @@ def quant_tile_store(
 
 
 def fp8_group_quant_triton(
-    x: torch.Tensor, group: int, mode: str = "exp", out: torch.Tensor | None = None
+    x: torch.Tensor,
+    group: int,
+    mode: str = "exp",
+    out: torch.Tensor | None = None,
+    *,
+    tile_elems: int | None = None,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-group e4m3 quantisation of the last dim, bit-exact to `ref/quant.py`.
 
@@ -178,6 +184,8 @@ def fp8_group_quant_triton(
       "fp32"    -> (q e4m3 [..., n], amax/448 fp32 [..., n/group])  as `per_token_group_quant_fp8(.., "fp32")`
       "dequant" -> (q * 2^e in x.dtype [..., n], None)              as `fp8_quant_dequant_ue8m0`
     `out` (contiguous, [..., n], e4m3 or x.dtype for "dequant") receives the first result. No host sync.
+    tile_elems / num_warps (benchmark configs; None: TILE_ELEMS and the default warps): elements per program
+    tile (a power of two) and warps per program.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
@@ -203,7 +211,7 @@ def fp8_group_quant_triton(
         return out, scales
     x2 = x.reshape(-1, n)  # a view whenever the leading dims merge into one stride
     n_groups = x.numel() // group
-    bg = max(1, min(TILE_ELEMS // group, triton.next_power_of_2(n_groups)))
+    bg = max(1, min((tile_elems or TILE_ELEMS) // group, triton.next_power_of_2(n_groups)))
     _fp8_group_kernel[(triton.cdiv(n_groups, bg),)](
         x2,
         out if mode == "dequant" else out.view(torch.uint8),
@@ -217,7 +225,7 @@ def fp8_group_quant_triton(
         GROUP=group,
         BLOCK_G=bg,
         HW_CAST=x.is_cuda,
-        num_warps=max(1, min(8, bg * group // 512)),
+        num_warps=num_warps or max(1, min(8, bg * group // 512)),
         enable_fp_fusion=False,
     )
     return out, scales

@@ -10,6 +10,11 @@ One program per token holds its E logits in registers (E <= MAX_EXPERTS, padded 
 Kernel and reference agree to a few fp32 ulps in the scores (exp / log / sqrt roundings), so an id can differ
 from the reference's only where two candidates' selection values are that close (a near-tie). NaN logits give
 unspecified (but in-range) ids. No host sync (CUDA-graph safe).
+
+`hash_route_triton` (`ref/moe.py::hash_route`): ids = tid2eid[token_ids] (exact), weights = scores at those ids
+(renormalised, scaled). BLOCK_T tokens per program; sqrtsoftplus / sigmoid are elementwise, so only the topk
+gathered logits of a token are read (~topk 32-byte sectors instead of the E-wide row); softmax reads the row.
+Token ids are not bounds-checked on CUDA (a check would need a host sync): ids outside the table read garbage.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import triton.language as tl
 
 from ._launch import check_runnable
 
-__all__ = ["MAX_EXPERTS", "MAX_TOPK", "SCORINGS", "moe_route_triton"]
+__all__ = ["MAX_EXPERTS", "MAX_TOPK", "SCORINGS", "hash_route_triton", "moe_route_triton"]
 
 MAX_EXPERTS = 4096
 MAX_TOPK = 16
@@ -144,5 +149,127 @@ def moe_route_triton(
         BLOCK_E=be,
         BLOCK_K=max(2, triton.next_power_of_2(topk)),
         num_warps=max(1, min(8, be // 256)),
+    )
+    return weights, ids
+
+
+@triton.jit
+def _hash_route_kernel(
+    logits_ptr,
+    tok_ptr,
+    tab_ptr,
+    w_ptr,
+    ids_ptr,
+    T,
+    E,
+    stride_t,
+    stride_e,
+    stride_tok,
+    stride_v,
+    stride_k,
+    route_scale,
+    SCORING: tl.constexpr,
+    RENORM: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """token ids [T], table [vocab, K], logits [T, E] (all strided) -> weights fp32 [T, K], ids int64 [T, K]."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    kx = tl.arange(0, BLOCK_K)
+    m2 = tmask[:, None] & (kx < K)[None, :]
+    tid = tl.load(tok_ptr + t * stride_tok, mask=tmask, other=0).to(tl.int64)
+    ids = tl.load(tab_ptr + tid[:, None] * stride_v + kx[None, :] * stride_k, mask=m2, other=0).to(tl.int64)
+    row = logits_ptr + t[:, None] * stride_t
+    x = tl.load(row + ids * stride_e, mask=m2, other=0.0).to(tl.float32)  # [BT, BK] gathered logits
+    if SCORING == 0:
+        e = tl.exp(x)
+        u = 1.0 + e
+        lp = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))  # log1p(e), as `_scores`
+        s = tl.sqrt(tl.where(x > 20.0, x, lp))
+    elif SCORING == 1:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:  # softmax needs the whole row's max and sum
+        ex = tl.arange(0, BLOCK_E)
+        fm = tmask[:, None] & (ex < E)[None, :]
+        xr = tl.load(row + ex[None, :] * stride_e, mask=fm, other=_NEG_INF).to(tl.float32)
+        mx = tl.max(xr, axis=1)
+        mx = tl.where(tmask, mx, 0.0)
+        den = tl.where(tmask, tl.sum(tl.exp(xr - mx[:, None]), axis=1), 1.0)  # padding rows: no 0 / 0
+        s = tl.exp(x - mx[:, None]) / den[:, None]
+    s = tl.where(m2, s, 0.0)
+    if RENORM:
+        s = s / tl.where(tmask, tl.sum(s, axis=1), 1.0)[:, None]
+    s = s * route_scale
+    out = t[:, None] * K + kx[None, :]
+    tl.store(w_ptr + out, s, mask=m2)
+    tl.store(ids_ptr + out, ids, mask=m2)
+
+
+_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8)
+
+
+def hash_route_triton(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    tid2eid: torch.Tensor,
+    scoring: str = "sqrtsoftplus",
+    route_scale: float = 1.0,
+    renorm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash routing, same contract as `ref.moe.hash_route`: ids = tid2eid[token_ids], weights = score[ids]
+    (renormalised when `renorm`) * route_scale.
+
+    logits: [t, E] fp32/bf16/fp16, any strides, E <= MAX_EXPERTS; token_ids: [t] int (in [0, vocab): unchecked);
+    tid2eid: [vocab, topk] int, topk <= MAX_TOPK, entries in [0, E) (unchecked). Returns (weights fp32 [t, topk],
+    ids int64 [t, topk]). No host sync.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in _DTYPES or logits.dim() != 2:
+        raise TypeError(f"logits must be a 2-D fp32/bf16/fp16 tensor, got {getattr(logits, 'dtype', logits)}")
+    t, e = logits.shape
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(f"logits' expert dim must be in [1, {MAX_EXPERTS}], got {e}")
+    if not isinstance(token_ids, torch.Tensor) or token_ids.dtype not in _INT_DTYPES or token_ids.shape != (t,):
+        raise ValueError(
+            f"token_ids must be an int tensor of shape {(t,)}, got {getattr(token_ids, 'shape', token_ids)}"
+        )
+    if not isinstance(tid2eid, torch.Tensor) or tid2eid.dtype not in _INT_DTYPES or tid2eid.dim() != 2:
+        raise ValueError(f"tid2eid must be a 2-D int tensor [vocab, topk], got {getattr(tid2eid, 'shape', tid2eid)}")
+    topk = tid2eid.shape[1]
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"tid2eid's topk dim must be in [1, {MAX_TOPK}], got {topk}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be 'sqrtsoftplus', 'sigmoid' or 'softmax', got {scoring!r}")
+    check_runnable(logits, token_ids, tid2eid)
+    weights = torch.empty((t, topk), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, topk), dtype=torch.int64, device=logits.device)
+    if t == 0:
+        return weights, ids
+    softmax = scoring == "softmax"
+    be = max(16, triton.next_power_of_2(e)) if softmax else 16
+    bt = max(1, min(64 if not softmax else 4096 // be, triton.next_power_of_2(t)))
+    _hash_route_kernel[(triton.cdiv(t, bt),)](
+        logits,
+        token_ids,
+        tid2eid,
+        weights,
+        ids,
+        t,
+        e,
+        logits.stride(0),
+        logits.stride(1),
+        token_ids.stride(0),
+        tid2eid.stride(0),
+        tid2eid.stride(1),
+        float(route_scale),
+        SCORING=SCORINGS[scoring],
+        RENORM=bool(renorm),
+        K=topk,
+        BLOCK_T=bt,
+        BLOCK_K=max(2, triton.next_power_of_2(topk)),
+        BLOCK_E=be,
+        num_warps=4,
     )
     return weights, ids

@@ -1,0 +1,234 @@
+"""CUTLASS SM90 FP8 block-scaled GEMM for `fp8_gemm_nt` (compiled: csrc/cuda/cutlass/, module `deep_gemm._C`).
+
+out[m, n] (bf16) = c + dequant(a, sfa) @ dequant(b, sfb)^T, the contract of `reference.fp8_gemm_nt`, computed by
+CUTLASS's warp-specialised TMA + wgmma kernel with groupwise scaling (each 128-deep k block accumulated in the
+tensor core, then promoted to fp32 with sfa[row, kb] * sfb[n/128, kb], as DeepGEMM does).
+
+a: float8_e4m3fn [m, k]; sfa [m, k/128]; b: float8_e4m3fn [n, k]; sfb [ceil(n/128), k/128]; scales float32, or
+float8_e8m0fnu expanded to float32 here first (exact: every E8M0 value is an fp32 value). out: bf16 [m, n];
+c: optional bf16 [m, n] (may alias out). Requirements (`applies` / `check_cutlass_args`): CUDA, k % 128 == 0
+(the kernel assumes whole scale blocks), n % 8 == 0 (16-byte output rows for TMA), contiguous operands with
+16-byte aligned data pointers, sm_90 device, and an extension built with CUTLASS (`available()`).
+
+Scale layout. The kernel loads A's scales by TMA, which needs them M-major: `sfa_mn_major` writes sfa^T into a
+[k/128, ceil(m/4)*4] fp32 buffer (row stride padded to 16 bytes, padding zeroed). Cost: one small copy kernel
+reading and writing m*k/128*4 bytes (0.9 MB for m = 4096, k = 7168; ~1-3 us, mostly launch) per call, plus a
+zero-fill when m % 4 != 0. A caller that keeps its activation scales M-major can pass them with
+`sfa_is_mn_major=True` (contiguous fp32 [k/128, ld], ld >= m, ld % 4 == 0; columns >= m are ignored) to skip it.
+B's scales are read K-major as given (cp.async, one 4-byte load per 128x128 block).
+
+Configs (csrc/cuda/cutlass/dg_cutlass_fp8.h): 0 = 128x128x128 cooperative, cluster 1x2, stream-K (k is split
+across CTAs when there are fewer tiles than SMs: small m); 1 = 64x128x128 ping-pong, persistent. Default 0.
+Launch cost: the host builds TMA descriptors per call (a few us of CPU; the GPU work is asynchronous). The
+workspace (stream-K partial sums) comes from torch's caching allocator. Never syncs with the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+import warnings
+
+import torch
+
+__all__ = [
+    "available",
+    "applies",
+    "check_cutlass_args",
+    "fp8_gemm_nt_cutlass",
+    "sfa_mn_major",
+    "CONFIGS",
+    "default_config",
+]
+
+CONFIGS = {0: "128x128x128 cooperative 1x2 stream-K", 1: "64x128x128 ping-pong 1x1 persistent"}
+_PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.deep_gemm"
+_FP8 = torch.float8_e4m3fn
+_E8M0 = torch.float8_e8m0fnu
+_SCALES = (torch.float32, _E8M0)
+
+
+def _installed_extension() -> types.ModuleType | None:
+    """`_C` from an installed copy of this package, for when the source tree shadows it on sys.path.
+
+    The repo's conftest.py and the benchmark put packages/*/src first, so `deepinfer.deep_gemm` is the source
+    folder, which holds no built `_C`; a `pip install` (non-editable) put it in site-packages/deepinfer/deep_gemm.
+    """
+    name = f"{_PKG}._C"
+    for entry in sys.path:
+        folder = os.path.join(entry, *_PKG.split("."))
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_C" + suffix)
+            if os.path.isfile(path):
+                spec = importlib.util.spec_from_file_location(name, path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                sys.modules[name] = mod
+                return mod
+    return None
+
+
+@functools.cache
+def _module() -> types.ModuleType | None:
+    """`deepinfer.deep_gemm._C` when it imports and was built with CUTLASS, else None."""
+    try:
+        mod = importlib.import_module(f"{_PKG}._C")
+    except ImportError:
+        try:
+            mod = _installed_extension()
+        except ImportError as exc:  # built but broken (ABI, libcudart): say so, never hide it
+            warnings.warn(f"{_PKG}._C exists but failed to import: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+    return mod if mod is not None and getattr(mod, "has_cutlass_fp8", lambda: False)() else None
+
+
+def available() -> bool:
+    """True when the compiled CUTLASS FP8 GEMM is present (built with DEEPINFER_DEVICE=cuda and CUTLASS headers)."""
+    return _module() is not None
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def default_config(m: int, n: int) -> int:
+    """The tile config for an (m, n) problem. Config 0 everywhere until the GPU benchmark says otherwise."""
+    del m, n
+    return 0
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bool:
+    """True when `fp8_gemm_nt_cutlass` can run this already-validated `fp8_gemm_nt` call (no host sync)."""
+    if not (a.is_cuda and b.dtype == _FP8 and out.dtype == torch.bfloat16):
+        return False
+    if c is not None and (c.dtype != torch.bfloat16 or not _aligned(c) or not c.is_contiguous()):
+        return False
+    if not out.is_contiguous():
+        return False
+    m, k = a.shape
+    n = b.shape[0]
+    if k == 0 or k % 128 or n % 8 or not (_aligned(a) and _aligned(b) and _aligned(out)):
+        return False
+    return available() and _is_sm90(a.device.index if a.device.index is not None else torch.cuda.current_device())
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ValueError(msg)
+
+
+def check_cutlass_args(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
+) -> None:
+    """Raise TypeError/ValueError (argument, expected, got) unless the CUTLASS kernel can take these operands.
+
+    Checks metadata only (no device sync). sfa is the API's [m, k/128] (K-major) layout.
+    """
+    for name, t, dt in (("a", a, _FP8), ("b", b, _FP8), ("out", out, torch.bfloat16)):
+        if t.dtype != dt:
+            raise TypeError(f"{name}: expected dtype {dt}, got {t.dtype}")
+        _require(t.dim() == 2 and t.is_contiguous(), f"{name}: expected a contiguous 2-D tensor, got {tuple(t.shape)}")
+        _require(_aligned(t), f"{name}: expected a 16-byte aligned data pointer, got {t.data_ptr():#x}")
+    (m, k), n = a.shape, b.shape[0]
+    _require(b.shape[1] == k, f"b: expected [n, {k}] (k of a), got {tuple(b.shape)}")
+    _require(k > 0 and k % 128 == 0, f"k: expected a positive multiple of 128, got {k}")
+    _require(n % 8 == 0, f"n: expected a multiple of 8 (16-byte bf16 output rows), got {n}")
+    _require(tuple(out.shape) == (m, n), f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
+    for name, t, shape in (("sfa", sfa, (m, k // 128)), ("sfb", sfb, (-(-n // 128), k // 128))):
+        if t.dtype not in _SCALES:
+            raise TypeError(f"{name}: expected dtype float32 or float8_e8m0fnu, got {t.dtype}")
+        _require(tuple(t.shape) == shape, f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    _require(sfb.is_contiguous(), f"sfb: expected a contiguous tensor, got strides {sfb.stride()}")
+    if c is not None:
+        if c.dtype != torch.bfloat16:
+            raise TypeError(f"c: expected dtype torch.bfloat16 (float32 C runs the Triton kernel), got {c.dtype}")
+        _require(tuple(c.shape) == (m, n) and c.is_contiguous(), f"c: expected contiguous [{m}, {n}], got {c.shape}")
+        _require(_aligned(c), f"c: expected a 16-byte aligned data pointer, got {c.data_ptr():#x}")
+    devices = {t.device for t in (a, sfa, b, sfb, out) + ((c,) if c is not None else ())}
+    _require(len(devices) == 1, f"operands: expected one device, got {sorted(str(d) for d in devices)}")
+
+
+def sfa_mn_major(sfa: torch.Tensor) -> torch.Tensor:
+    """[m, kb] scales (float32 or e8m0, any strides) -> float32 [kb, ld] with ld = ceil(m/4)*4, [:, :m] = sfa^T.
+
+    The kernel's scale tensor has M extent ld (CUTLASS's can_implement wants a multiple of 4); the padding columns
+    only scale accumulator rows >= m, which are never stored, and are zeroed so they cannot even hold NaN.
+    """
+    m, kb = sfa.shape
+    ld = -(-m // 4) * 4
+    t = torch.empty((kb, ld), dtype=torch.float32, device=sfa.device)
+    t[:, :m].copy_(sfa.t())  # e8m0 -> fp32 is exact
+    if ld > m:
+        t[:, m:].zero_()
+    return t
+
+
+def _check_mn_major_sfa(sfa: torch.Tensor, m: int, k: int) -> None:
+    """An M-major A-scale buffer as the kernel reads it: contiguous float32 [k/128, ld], ld >= m, ld % 4 == 0."""
+    if sfa.dtype != torch.float32:
+        raise TypeError(f"sfa (M-major): expected dtype torch.float32, got {sfa.dtype}")
+    ok = sfa.dim() == 2 and sfa.shape[0] == k // 128 and sfa.shape[1] >= m and sfa.shape[1] % 4 == 0
+    _require(ok and sfa.is_contiguous(), f"sfa (M-major): expected contiguous [{k // 128}, ld >= {m}, ld % 4 == 0], "
+             f"got {tuple(sfa.shape)} strides {sfa.stride()}")  # fmt: skip
+    _require(_aligned(sfa), f"sfa (M-major): expected a 16-byte aligned data pointer, got {sfa.data_ptr():#x}")
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(config: int, m: int, n: int, k: int, device_index: int) -> int:
+    del device_index  # part of the key: stream-K sizing depends on the device's SM count
+    return int(_module().cutlass_fp8_workspace_size(config, m, n, k))
+
+
+def fp8_gemm_nt_cutlass(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    out: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    config: int | None = None,
+    sfa_is_mn_major: bool = False,
+) -> torch.Tensor:
+    """out = c + dequant(a, sfa) @ dequant(b, sfb)^T through CUTLASS; see the module docstring for shapes.
+
+    a [m, k] e4m3, sfa [m, k/128] (or [k/128, ld] fp32 with sfa_is_mn_major), b [n, k] e4m3,
+    sfb [ceil(n/128), k/128], out bf16 [m, n], c optional bf16 [m, n]. Returns out.
+    """
+    mod = _module()
+    if mod is None:
+        raise RuntimeError("deep_gemm._C was not built with CUTLASS (DEEPINFER_DEVICE=cuda and CUTLASS_INCLUDE_DIR)")
+    m, k = a.shape
+    n = b.shape[0]
+    if sfa_is_mn_major:
+        _check_mn_major_sfa(sfa, m, k)
+        check_cutlass_args(a, sfa.t()[:m], b, sfb, out, c)  # the [m, k/128] view: same checks as the API layout
+    else:
+        check_cutlass_args(a, sfa, b, sfb, out, c)
+    cfg = default_config(m, n) if config is None else config
+    if cfg not in CONFIGS:
+        raise ValueError(f"config: expected one of {sorted(CONFIGS)}, got {config}")
+    if m == 0 or n == 0:
+        return out
+    sfa_t = sfa if sfa_is_mn_major else sfa_mn_major(sfa)
+    sfb32 = sfb if sfb.dtype == torch.float32 else sfb.float()
+    src = c if c is not None else out  # beta = 0: C is never read, but CUTLASS wants a valid pointer
+    with torch.cuda.device(a.device):  # CUTLASS queries the current device (SM count) and launches on it
+        nbytes = _workspace_bytes(cfg, m, n, k, torch.cuda.current_device())
+        ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=a.device)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        mod.cutlass_fp8_gemm(
+            cfg, a.data_ptr(), sfa_t.data_ptr(), b.data_ptr(), sfb32.data_ptr(), src.data_ptr(), out.data_ptr(),
+            m, n, k, sfa_t.shape[1], 1.0 if c is not None else 0.0, ws.data_ptr(), stream,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,401 @@
+// deep_select radix top-k: the device code (see topk_radix.cu for the algorithm, bytes and occupancy).
+//
+// Included by topk_radix.cu (CUDA) and by the CPU emulation in tests/cuda_emu/ (which maps __syncthreads, warp
+// shuffles / votes, shared-memory atomics and cub::BlockScan onto std::thread barriers so the CPU tests run this
+// exact code). The includer provides <cstdint>, cub::BlockScan, the CUDA intrinsics, DS_DYNAMIC_SMEM(name) and
+// "topk_radix.cuh" (DType).
+#pragma once
+
+namespace deep_select {
+namespace detail {
+
+#ifndef DS_THREADS
+#define DS_THREADS 512  // the CPU emulation may build with fewer threads (faster tests, same code)
+#endif
+constexpr int kThreads = DS_THREADS;
+constexpr int kBins = 4096;  // up to 12-bit digits
+// The first digit is u's top 12 bits (sign, 8 exponent bits, 3 mantissa bits: buckets 1/8 of an octave wide),
+// so few entries share the threshold's bucket; then 10 + 10 bits of u, then the column in <= 11-bit digits.
+constexpr int kTopShift = 20;       // first digit = u >> kTopShift
+constexpr int kTopKeyShift = 52;    // ... = K >> kTopKeyShift
+constexpr int kBinsPerThread = kBins / kThreads;
+static_assert(kThreads % 32 == 0 && kBins % kThreads == 0, "whole warps, whole bins per thread");
+constexpr int kUnroll = 4;  // 16-byte loads in flight per thread per iteration
+constexpr int kULevels = 3;  // digits of u: [31:20], [19:10], [9:0]
+constexpr unsigned kFull = 0xffffffffu;
+
+using BlockScan = cub::BlockScan<int, kThreads>;
+
+struct Shared {
+  int hist[kBins];
+  typename BlockScan::TempStorage scan;
+  int out_count;   // output slots used so far
+  int cand_count;  // candidates kept
+  int sel_digit, sel_above, sel_cnt;
+};
+
+template <int DT>
+struct Traits;
+template <>
+struct Traits<kFloat32> {
+  static constexpr int kBytes = 4;
+  static constexpr uint32_t kInf = 0x7F800000u;
+};
+template <>
+struct Traits<kBFloat16> {
+  static constexpr int kBytes = 2;
+  static constexpr uint32_t kInf = 0x7F800000u;
+};
+template <>
+struct Traits<kFloat16> {
+  static constexpr int kBytes = 2;
+  static constexpr uint32_t kInf = 0x7C000000u;  // fp16 bits in the high half keep their own (ordered) layout
+};
+
+// Raw bits (16-bit types in the low half) -> u, the unsigned rank image: the Triton kernels' int32 key
+// (sign-magnitude -> two's complement, -0.0 -> 0, NaN -> -0x7F800001 just below -inf) with its sign flipped.
+template <int DT>
+__device__ __forceinline__ uint32_t rank_u(uint32_t raw) {
+  const uint32_t bits = Traits<DT>::kBytes == 4 ? raw : (raw << 16);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  int32_t key = (bits >> 31) ? -static_cast<int32_t>(mag) : static_cast<int32_t>(bits);
+  key = mag > Traits<DT>::kInf ? -0x7F800001 : key;
+  return static_cast<uint32_t>(key) ^ 0x80000000u;
+}
+
+struct Level {
+  int shift, width;
+};
+
+// Digit `li` of K (see header comment): three digits of u, then the nb column bits.
+__device__ __forceinline__ Level level_of(int li, int nb) {
+  if (li < kULevels) return li == 0 ? Level{kTopKeyShift, 12} : (li == 1 ? Level{42, 10} : Level{32, 10});
+  const int rem = nb - 11 * (li - kULevels);
+  const int w = rem < 11 ? rem : 11;
+  return Level{rem - w, w};
+}
+
+__device__ __forceinline__ int num_levels(int nb) { return kULevels + (nb + 10) / 11; }
+
+__device__ __forceinline__ uint64_t make_key(uint32_t u, int col, uint32_t cmax) {
+  return (static_cast<uint64_t>(u) << 32) | static_cast<uint64_t>(cmax - static_cast<uint32_t>(col));
+}
+
+// Adds one to hist[bin] per lane with bin >= 0. Warp-uniform bins (all-equal rows, ties) take one atomic.
+__device__ __forceinline__ void hist_add(int* hist, int bin) {
+  const int b0 = __shfl_sync(kFull, bin, 0);
+  if (__all_sync(kFull, bin == b0)) {
+    if ((threadIdx.x & 31) == 0 && b0 >= 0) atomicAdd(&hist[b0], 32);
+  } else if (bin >= 0) {
+    atomicAdd(&hist[bin], 1);
+  }
+}
+
+// Warp-aggregated slot reservation on a shared counter: returns this lane's slot when `take`, else -1.
+__device__ __forceinline__ int reserve(int* counter, bool take) {
+  const unsigned m = __ballot_sync(kFull, take);
+  if (m == 0) return -1;
+  const int lane = threadIdx.x & 31;
+  const int leader = __ffs(m) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(m));
+  base = __shfl_sync(kFull, base, leader);
+  return take ? base + __popc(m & ((1u << lane) - 1u)) : -1;
+}
+
+// Streams the row's columns [0, len) (absolute elements lo .. lo + len of the row) one tile (kThreads x kUnroll
+// loads) at a time: f(u, col, valid) for every element of the tile, then between() (block-uniform; may sync;
+// returns whether to visit the tile again), then g(u, col, valid) over the same registers (no second load).
+// All lanes call f / g in lockstep (the loops are block-uniform), so they may use warp collectives.
+template <int DT, bool VEC, int UNROLL, class F, class B, class G>
+__device__ __forceinline__ void for_each_tile(const void* row, int64_t lo, int len, F&& f, B&& between, G&& g) {
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;  // elements per load
+  const int64_t v0 = lo / kPer, v1 = (lo + len + kPer - 1) / kPer;
+  for (int64_t it = v0; it < v1; it += static_cast<int64_t>(kThreads) * UNROLL) {
+    uint32_t w[UNROLL][4];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int64_t v = it + j * kThreads + threadIdx.x;
+      if (v < v1) {
+        if constexpr (VEC) {
+          const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + v);
+          w[j][0] = q.x, w[j][1] = q.y, w[j][2] = q.z, w[j][3] = q.w;
+        } else if constexpr (Traits<DT>::kBytes == 4) {
+          w[j][0] = __ldg(reinterpret_cast<const unsigned int*>(row) + v);
+        } else {
+          w[j][0] = __ldg(reinterpret_cast<const unsigned short*>(row) + v);
+        }
+      } else {
+        w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
+      }
+    }
+    auto visit = [&](auto&& fn) {
+#pragma unroll
+      for (int j = 0; j < UNROLL; ++j) {
+        const int64_t v = it + j * kThreads + threadIdx.x;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int64_t col = v * kPer + e - lo;
+          const bool valid = v < v1 && col >= 0 && col < len;
+          uint32_t raw;
+          if constexpr (Traits<DT>::kBytes == 4) {
+            raw = w[j][e];
+          } else {
+            raw = (w[j][e >> 1] >> ((e & 1) * 16)) & 0xFFFFu;  // little endian: element 0 in the low half
+          }
+          fn(rank_u<DT>(raw), static_cast<int>(col), valid);
+        }
+      }
+    };
+    visit(f);
+    if (between()) visit(g);
+  }
+}
+
+// One visit per element of the row (see for_each_tile).
+template <int DT, bool VEC, class F>
+__device__ __forceinline__ void for_each_entry(const void* row, int64_t lo, int len, F&& f) {
+  for_each_tile<DT, VEC, kUnroll>(row, lo, len, f, [] { return false; }, [](uint32_t, int, bool) {});
+}
+
+__device__ void zero_hist(Shared& s) {
+  for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[i] = 0;
+}
+
+// After a histogram: the bucket holding the need-th best matching entry. Sets s.sel_* (block-wide); the caller
+// syncs before and after. Bins are scanned from the top: thread t owns bins 2047 - 4t .. 2044 - 4t.
+__device__ void choose(Shared& s, int need) {
+  int h[kBinsPerThread], sum = 0;
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    h[i] = s.hist[kBins - 1 - (threadIdx.x * kBinsPerThread + i)];
+    sum += h[i];
+  }
+  int before;
+  BlockScan(s.scan).ExclusiveSum(sum, before);
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    if (before < need && before + h[i] >= need) {
+      s.sel_digit = kBins - 1 - (threadIdx.x * kBinsPerThread + i);
+      s.sel_above = before;
+      s.sel_cnt = h[i];
+    }
+    before += h[i];
+  }
+  // Fewer than `need` entries counted (the stream pass's early tiles): bucket 0, i.e. keep everything. `before`
+  // is now the total on every thread; the owner of bin 0 writes, so exactly one thread writes in every case.
+  if (threadIdx.x == kThreads - 1 && before < need) s.sel_digit = 0, s.sel_above = before, s.sel_cnt = 0;
+}
+
+// Selection state of one row: the key prefix chosen so far and how many of its bucket are still wanted.
+struct State {
+  uint64_t prefix;
+  int need, cnt, li;
+};
+
+// Folds the bucket `choose` picked into the state.
+__device__ __forceinline__ void take_choice(Shared& s, State& st, Level lv) {
+  st.prefix |= static_cast<uint64_t>(s.sel_digit) << lv.shift;
+  st.need -= s.sel_above;
+  st.cnt = s.sel_cnt;
+}
+
+__device__ __forceinline__ void put(int* out, int64_t stride_ok, int slot, int id) {
+  out[static_cast<int64_t>(slot) * stride_ok] = id;
+}
+
+// In-place compaction of the candidates [0, m) by K >> shift against p: above p -> the output when `emit`
+// (else kept), equal -> kept (or the output when take_all), below -> dropped. The caller zeroed s.cand_count and
+// synced; ends with a sync, after which s.cand_count is the kept count. One chunk at a time: every slot written
+// lies below the chunk's end, and the whole chunk is in registers before anyone writes.
+__device__ void compact(Shared& s, uint32_t* cu, int* cc, int m, int shift, uint64_t p, bool emit, bool take_all,
+                        uint32_t cmax, int* out, int64_t stride_ok, int col_off) {
+  for (int base = 0; base < m; base += kThreads) {
+    const int i = base + threadIdx.x;
+    uint32_t u = 0;
+    int c = 0;
+    if (i < m) u = cu[i], c = cc[i];
+    __syncthreads();
+    const uint64_t key = make_key(u, c, cmax) >> shift;
+    const bool live = i < m;
+    const bool to_out = emit && live && (key > p || (take_all && key == p));
+    const bool keep = live && !to_out && (key == p || (!emit && key > p));
+    const int o = reserve(&s.out_count, to_out);
+    if (o >= 0) put(out, stride_ok, o, c + col_off);
+    const int slot = reserve(&s.cand_count, keep);
+    if (slot >= 0) cu[slot] = u, cc[slot] = c;
+  }
+  __syncthreads();
+}
+
+// The one-read first digit: one pass over the row histograms u >> kTopShift and, tile by tile, keeps in shared memory
+// every entry that can still be in the top kk: after each tile, bmin = the bucket of the kk-th best entry seen so
+// far (0 while fewer were seen) is a lower bound of the final bucket, so entries below it are never needed and
+// entries at or above it are kept (from the registers the histogram just used: no second load). When the buffer
+// passes half full it is pruned to the current bmin. Normal rows keep ~kk x (1 + ln(n / tile)) entries plus the
+// bucket's neighbours; ascending rows or heavy ties overflow `cap`: returns false then (the histogram is still
+// complete, so the caller goes on with the two-pass path). *m_out: entries kept. Caller zeroed hist and
+// cand_count and synced.
+template <int DT, bool VEC>
+__device__ bool stream_pass(Shared& s, const void* row, int64_t lo, int len, int kk, uint32_t* cu, int* cc, int cap,
+                            uint32_t cmax, int* m_out) {
+  int bmin = 0;
+  bool overflow = false;
+  auto hist = [&](uint32_t u, int, bool valid) { hist_add(s.hist, valid ? static_cast<int>(u >> kTopShift) : -1); };
+  auto between = [&]() {
+    __syncthreads();  // the tile's histogram and the previous tile's kept entries are complete
+    if (overflow) return false;
+    const int c = s.cand_count;  // read before the next sync: nobody adds to it until `keep` runs
+    choose(s, kk);
+    __syncthreads();
+    bmin = s.sel_digit;
+    if (c > cap) {
+      overflow = true;
+    } else if (2 * c > cap) {
+      __syncthreads();  // everyone has read cand_count
+      if (threadIdx.x == 0) s.cand_count = 0;
+      __syncthreads();
+      compact(s, cu, cc, c, kTopKeyShift, static_cast<uint64_t>(bmin), false, false, cmax, nullptr, 0, 0);
+    }
+    return !overflow;
+  };
+  auto keep = [&](uint32_t u, int col, bool valid) {
+    const int slot = reserve(&s.cand_count, valid && static_cast<int>(u >> kTopShift) >= bmin);
+    if (slot >= 0 && slot < cap) cu[slot] = u, cc[slot] = col;
+  };
+  // The tile stays in registers across `between`: 16-bit tiles (8 values per load) use half the loads to stay
+  // within the 64 registers of 2 CTAs per SM.
+  constexpr int kStreamUnroll = Traits<DT>::kBytes == 2 ? 2 : kUnroll;
+  for_each_tile<DT, VEC, kStreamUnroll>(row, lo, len, hist, between, keep);
+  __syncthreads();
+  *m_out = s.cand_count;
+  return !overflow && *m_out <= cap;
+}
+
+// Steps 3-4 over the shared-memory candidates (cu / cc: u and column, st.cnt of them): refine digit by digit
+// until the bucket is taken whole.
+__device__ void refine_candidates(Shared& s, uint32_t* cu, int* cc, State st, int nb, uint32_t cmax, int* out,
+                                  int64_t stride_ok, int col_off) {
+  const int nlev = num_levels(nb);
+  int m = st.cnt;
+  while (st.cnt != st.need && st.li + 1 < nlev) {
+    const Level lv = level_of(++st.li, nb);
+    const uint64_t dmask = (1ull << lv.width) - 1;
+    zero_hist(s);
+    __syncthreads();
+    for (int base = 0; base < m; base += kThreads) {
+      const int i = base + threadIdx.x;
+      const int bin = i < m ? static_cast<int>((make_key(cu[i], cc[i], cmax) >> lv.shift) & dmask) : -1;
+      hist_add(s.hist, bin);
+    }
+    __syncthreads();
+    choose(s, st.need);
+    if (threadIdx.x == 0) s.cand_count = 0;
+    __syncthreads();
+    take_choice(s, st, lv);
+    compact(s, cu, cc, m, lv.shift, st.prefix >> lv.shift, true, false, cmax, out, stride_ok, col_off);
+    m = st.cnt;
+  }
+  // The bucket is taken whole (keys are unique, so the last digit always gets here with cnt == need).
+  for (int base = 0; base < m; base += kThreads) {
+    const int i = base + threadIdx.x;
+    const int o = reserve(&s.out_count, i < m);
+    if (o >= 0) put(out, stride_ok, o, cc[i] + col_off);
+  }
+}
+
+template <int DT, bool VEC, bool STREAM>
+__global__ void __launch_bounds__(kThreads, 2)
+    topk_radix_kernel(const void* __restrict__ scores, int64_t n, int64_t stride_b, const int* __restrict__ lengths,
+                      const int* __restrict__ starts, int* __restrict__ out, int64_t k, int64_t stride_ob,
+                      int64_t stride_ok, int cap) {
+  __shared__ Shared s;
+  DS_DYNAMIC_SMEM(dyn);  // extern __shared__ uint32_t dyn[] on the GPU (see topk_radix.cu)
+  uint32_t* cu = dyn;
+  int* cc = reinterpret_cast<int*>(dyn + cap);
+
+  const int64_t r = blockIdx.x;
+  int64_t lo = 0, hi = n;
+  if (starts != nullptr) lo = min(max(static_cast<int64_t>(starts[r]), int64_t{0}), n);
+  if (lengths != nullptr) hi = min(max(static_cast<int64_t>(lengths[r]), lo), n);
+  const int col_off = starts != nullptr ? static_cast<int>(lo - starts[r]) : 0;
+  const int len = static_cast<int>(hi - lo);
+  const int kk = static_cast<int>(min(static_cast<int64_t>(len), k));
+  const char* row = static_cast<const char*>(scores) + r * stride_b * Traits<DT>::kBytes;
+  int* orow = out + r * stride_ob;
+
+  for (int64_t i = kk + threadIdx.x; i < k; i += kThreads) orow[i * stride_ok] = -1;
+  if (kk == len) {  // every valid entry is chosen (k >= length, empty rows): no selection
+    for (int i = threadIdx.x; i < len; i += kThreads) put(orow, stride_ok, i, i + col_off);
+    return;
+  }
+
+  const int nb = 32 - __clz(static_cast<unsigned>(len - 1) | 1u);  // column bits (len >= 2 here)
+  const uint32_t cmax = nb >= 32 ? 0xffffffffu : ((1u << nb) - 1u);
+  const int nlev = num_levels(nb);
+  State st{0, kk, 0, 0};
+
+  // 1. the first digit over the whole row (STREAM: also keeping every entry that may make the top kk).
+  zero_hist(s);
+  if (threadIdx.x == 0) s.out_count = 0, s.cand_count = 0;
+  __syncthreads();
+  bool streamed = false;
+  int m = 0;
+  if constexpr (STREAM) {
+    streamed = stream_pass<DT, VEC>(s, row, lo, len, kk, cu, cc, cap, cmax, &m);
+  } else {
+    for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int, bool valid) {
+      hist_add(s.hist, valid ? static_cast<int>(u >> kTopShift) : -1);
+    });
+  }
+  __syncthreads();  // the histogram is complete and everyone has read cand_count
+  choose(s, st.need);
+  if (threadIdx.x == 0) s.cand_count = 0;
+  __syncthreads();
+  take_choice(s, st, level_of(0, nb));
+  if (streamed) {  // every entry of the chosen bucket is in the buffer: split it there, no second read
+    const bool take_all = st.cnt == st.need;
+    compact(s, cu, cc, m, kTopKeyShift, st.prefix >> kTopKeyShift, true, take_all, cmax, orow, stride_ok, col_off);
+    if (!take_all) refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off);
+    return;
+  }
+
+  // 2. more row passes while the bucket overflows the candidate buffer (heavy ties).
+  while (st.cnt > cap && st.cnt != st.need && st.li + 1 < nlev) {
+    const Level prev = level_of(st.li, nb), lv = level_of(++st.li, nb);
+    const uint64_t p = st.prefix >> prev.shift, dmask = (1ull << lv.width) - 1;
+    __syncthreads();  // everyone has read s.sel_* of the previous pick
+    zero_hist(s);
+    __syncthreads();
+    for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int col, bool valid) {
+      const uint64_t key = make_key(u, col, cmax);
+      const bool match = valid && (key >> prev.shift) == p;
+      hist_add(s.hist, match ? static_cast<int>((key >> lv.shift) & dmask) : -1);
+    });
+    __syncthreads();
+    choose(s, st.need);
+    __syncthreads();
+    take_choice(s, st, lv);
+  }
+
+  // 3. collect: above the bucket -> output; the bucket -> candidates (or output when taken whole).
+  const Level lv = level_of(st.li, nb);
+  const uint64_t p = st.prefix >> lv.shift;
+  const bool take_all = st.cnt == st.need;
+  for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int col, bool valid) {
+    const uint64_t key = make_key(u, col, cmax) >> lv.shift;
+    const bool in_bucket = valid && key == p;
+    const int o = reserve(&s.out_count, valid && (key > p || (take_all && in_bucket)));
+    if (o >= 0) put(orow, stride_ok, o, col + col_off);
+    const int slot = reserve(&s.cand_count, !take_all && in_bucket);
+    if (slot >= 0 && slot < cap) cu[slot] = u, cc[slot] = col;  // slot < cnt <= cap here; the test is a guard
+  });
+  if (take_all) return;
+  __syncthreads();
+
+  // 4. the remaining digits over the candidates.
+  refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off);
+}
+
+}  // namespace detail
+}  // namespace deep_select

@@ -1,0 +1,336 @@
+"""CUDA C++ radix top-k (`csrc/cuda/topk_radix.cu`, `backends/cuda/cuda_topk.py`) against the reference, exactly.
+
+CPU: the kernel's own device code (`csrc/cuda/topk_radix_kernel.cuh`) built with g++ against a CPU emulation of
+the CUDA features it uses (`cuda_emu/`: threads, barriers, warp shuffles / votes, shared atomics, cub::BlockScan)
+and compared with the reference on every distribution; the dispatch's fallback when `_C` is absent.
+GPU (`-m gpu`, needs a DEEPINFER_DEVICE=cuda build): the kernel itself, n from 1 to 262,144, k up to 2,048 and
+k > n, lengths, ragged rows, tiny caps (extra row passes), scalar loads, unaligned rows, strided outputs,
+CUDA-graph capture and the API's "cuda" backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+if not torch.cuda.is_available():  # before anything imports triton: the interpreter is chosen at @triton.jit time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from ds_checks import DISTRIBUTIONS, check_topk  # noqa: E402
+from test_ds_topk_triton import _scores, assert_matches_reference  # noqa: E402
+
+from deepinfer.deep_select import api  # noqa: E402
+from deepinfer.deep_select import reference as ref  # noqa: E402
+from deepinfer.deep_select.backends.cuda import cuda_topk  # noqa: E402
+from deepinfer.deep_select.backends.cuda.dispatch import select_indices  # noqa: E402
+
+gpu = pytest.mark.gpu
+_ALL_DISTS = (*DISTRIBUTIONS, "signed_zeros", "nan_inf")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def assert_same_sets(scores: torch.Tensor, k: int, got: torch.Tensor, want: torch.Tensor, note: str) -> None:
+    """got (kernel, any order) vs want (reference) [b, k]: same chosen sets, padding exactly in the last slots.
+
+    Compares on got's device (fast at 262,144 columns); the message names the first bad row and the ids that
+    differ."""
+    assert got.dtype == torch.int32 and tuple(got.shape) == tuple(want.shape), (note, got.dtype, tuple(got.shape))
+    want = want.to(got.device)
+    m = (want >= 0).sum(dim=1, keepdim=True)
+    slot = torch.arange(k, device=got.device)[None, :]
+    layout_bad = ((slot < m) & (got < 0)) | ((slot >= m) & (got != -1))
+    g = torch.sort(got.long(), dim=1).values
+    w = torch.sort(want.long(), dim=1).values
+    bad = (g != w).any(dim=1) | layout_bad.any(dim=1)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        extra = sorted(set(got[r].tolist()) - set(want[r].tolist()))[:8]
+        missing = sorted(set(want[r].tolist()) - set(got[r].tolist()))[:8]
+        raise AssertionError(
+            f"{note}: {int(bad.sum())} of {bad.numel()} rows differ; first row {r} (valid picks {int(m[r])}): "
+            f"layout ok={not bool(layout_bad[r].any())}, extra ids {extra}, missing ids {missing}, "
+            f"scores dtype {scores.dtype}"
+        )
+
+
+# ---- CPU: the kernel's own code in the CPU emulation (tests/cuda_emu/), and the dispatch without _C ----
+
+_EMU_DIR = pathlib.Path(__file__).resolve().parent / "cuda_emu"
+_CSRC = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+_EMU_THREADS = 64  # fewer threads than the GPU's 512 (the code is generic in it); 512 OS threads are slow here
+_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@pytest.fixture(scope="module")
+def emu() -> ctypes.CDLL:
+    """topk_radix_kernel.cuh built for the CPU emulation (g++ -std=c++20), loaded through ctypes."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler for the CPU emulation of the CUDA kernel")
+    lib = pathlib.Path(tempfile.mkdtemp(prefix="ds_emu_")) / "emu.so"
+    cmd = [cxx, "-std=c++20", "-O0", "-pthread", "-shared", "-fPIC", f"-DDS_THREADS={_EMU_THREADS}"]
+    cmd += [f"-I{_CSRC}", f"-I{_EMU_DIR}", str(_EMU_DIR / "emu_driver.cpp"), "-o", str(lib)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        if "barrier" in res.stderr and "No such file" in res.stderr:
+            pytest.skip("the C++ compiler lacks C++20 <barrier>")
+        raise AssertionError(f"emulation build failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    dll = ctypes.CDLL(str(lib))
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    dll.emu_topk_radix.argtypes = [p, i32, i64, i64, i64, p, p, p, i64, i64, i64, i32, i32]
+    dll.emu_topk_radix.restype = i32
+    return dll
+
+
+def run_emu(
+    dll: ctypes.CDLL,
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
+    *,
+    cap: int = 8192,
+    vec: bool = True,
+    one_read: bool = True,
+) -> torch.Tensor:
+    """The kernel on CPU tensors (unit column stride; vec needs 16-byte aligned rows, as the launcher checks)."""
+    b, n = scores.shape
+    assert scores.stride(1) == 1 or n <= 1
+    if vec:
+        assert scores.data_ptr() % 16 == 0 and (scores.stride(0) * scores.element_size()) % 16 == 0
+    out = torch.full((b, k), -7, dtype=torch.int32)  # every slot must be overwritten
+    ptr = [0 if t is None else t.data_ptr() for t in (lengths, starts)]
+    rc = dll.emu_topk_radix(
+        scores.data_ptr(), _CODE[scores.dtype], b, n, scores.stride(0), ptr[0], ptr[1], out.data_ptr(), k,
+        out.stride(0), out.stride(1), cap, int(vec) | (2 if one_read else 0),
+    )  # fmt: skip
+    assert rc == 0
+    return out
+
+
+@pytest.mark.parametrize("dist", _ALL_DISTS)
+def test_emulated_kernel_matches_reference(emu: ctypes.CDLL, dist: str) -> None:
+    """The CUDA kernel's code on CPU: one-read mode with the default cap, one-read with cap 2 and scalar loads
+    (overflow -> two-pass fallback -> extra row passes over the column digits), two-pass mode; lengths
+    0 / 1 / short / full, each dtype in turn."""
+    dtype = _DTYPES[_ALL_DISTS.index(dist) % 3]
+    g = torch.Generator().manual_seed(71)
+    b, n = 4, 264  # n % 8 == 0: 16-byte aligned bf16 / fp16 rows
+    scores = _scores(dist, b, n, dtype, g)
+    lengths = torch.tensor([n, 1, 0, 203], dtype=torch.int32)
+    cases = ((37, 8192, True, True, lengths), (150, 2, False, True, None), (37, 8192, False, False, lengths))
+    for k, cap, vec, one_read, lens in cases:
+        got = run_emu(emu, scores, k, lens, cap=cap, vec=vec, one_read=one_read)
+        want, _ = ref.topk(scores, k, lens)
+        assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} one_read={one_read}")
+
+
+def test_emulated_kernel_ragged_and_big_k(emu: ctypes.CDLL) -> None:
+    """Ragged ranges (relative ids, rows off the 16-byte grid read by element), k > n, all-equal rows."""
+    g = torch.Generator().manual_seed(74)
+    scores = _scores("few_values", 5, 301, torch.float32, g)
+    starts = torch.tensor([-3, 0, 17, 290, 100], dtype=torch.int32)
+    ends = torch.tensor([200, 304, 16, 301, 301], dtype=torch.int32)
+    got = run_emu(emu, scores, 40, ends, starts, vec=False)
+    assert_same_sets(scores, 40, got, ref.topk_ragged(scores, 40, starts, ends)[0], "ragged")
+    got = run_emu(emu, scores[:, :300], 400, vec=False)
+    assert_same_sets(scores, 400, got, ref.topk(scores[:, :300], 400)[0], "k > n")
+    flat = torch.full((1, 3000), 0.25)
+    got = run_emu(emu, flat, 700, cap=64)
+    assert_same_sets(flat, 700, got, ref.topk(flat, 700)[0], "all equal, cap 64")
+    normal = _scores("normal", 2, 3000, torch.bfloat16, g)  # cap 200: the buffer is pruned between tiles
+    got = run_emu(emu, normal, 40, cap=200)
+    assert_same_sets(normal, 40, got, ref.topk(normal, 40)[0], "normal rows, pruned buffer")
+    rising = torch.arange(3000, dtype=torch.float32)[None] * 0.5  # every tile beats the last: the buffer overflows
+    for cap in (8192, 500):
+        got = run_emu(emu, rising, 300, cap=cap)
+        assert_same_sets(rising, 300, got, ref.topk(rising, 300)[0], f"ascending row, cap {cap}")
+
+
+def test_dispatch_without_compiled_module_uses_triton() -> None:
+    """impl="cuda" on a build without _C (or on CPU tensors) runs the Triton chain, silently."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    g = torch.Generator().manual_seed(73)
+    scores = _scores("few_values", 2, 200, torch.float32, g)
+    idx = select_indices(scores, 30, impl="cuda")
+    assert_matches_reference(scores, 30, None, _ascending(idx))
+
+
+def _ascending(idx: torch.Tensor) -> torch.Tensor:
+    """Chosen ids ascending, then the -1 padding (the layout `assert_matches_reference` expects)."""
+    key = torch.where(idx < 0, torch.full_like(idx, 2**30), idx)
+    s = torch.sort(key, dim=1).values
+    return torch.where(s == 2**30, torch.full_like(s, -1), s)
+
+
+def test_topk_cuda_errors_without_module() -> None:
+    if cuda_topk.available():
+        pytest.skip("the compiled module is present")
+    with pytest.raises(RuntimeError, match="DEEPINFER_DEVICE=cuda build"):
+        cuda_topk.topk_cuda(torch.randn(2, 8), 3)
+
+
+# ---- GPU: the kernel itself ----
+
+_NEEDS_C = pytest.mark.skipif(not cuda_topk.available(), reason="deepinfer.deep_select._C not built")
+
+
+def _run(scores: torch.Tensor, k: int, lengths=None, starts=None, **kw) -> torch.Tensor:
+    dev = [None if t is None else t.cuda() for t in (lengths, starts)]
+    out = cuda_topk.topk_cuda(scores.cuda(), k, lengths=dev[0], starts=dev[1], **kw)
+    torch.cuda.synchronize()
+    return out
+
+
+@gpu
+def test_gpu_compiled_module_present() -> None:
+    """The GPU run must use a DEEPINFER_DEVICE=cuda build: without _C every other CUDA-kernel test skips."""
+    from deepinfer.deep_select import build_info
+
+    assert cuda_topk.available(), f"deepinfer.deep_select._C is missing; build_info() = {build_info()}"
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dist", _ALL_DISTS)
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_gpu_cuda_distributions(dist: str, dtype: torch.dtype) -> None:
+    """Every distribution, n from 1 to 65,536, k in {1, 64, 512, 1024, 2048} and k > n, with and without lengths."""
+    g = torch.Generator().manual_seed(81)
+    for n in (1, 2, 7, 100, 1000, 4096, 65536):
+        b = 16 if n < 65536 else 8
+        scores = _scores(dist, b, n, dtype, g).cuda()
+        lengths = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32)
+        lengths[:3] = torch.tensor([0, n, n + 7], dtype=torch.int32)[: min(3, b)]
+        for k in (1, 64, 512, 1024, 2048):
+            for lens, one_read in ((None, True), (lengths, True), (lengths, False)):
+                got = _run(scores, k, lens, one_read=one_read)
+                want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
+                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} one_read={one_read}"
+                assert_same_sets(scores, k, got, want, note)
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dist", ["normal", "normal_small", "few_values", "all_equal", "nan_hot", "bits_tiny", "inf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_cuda_long_rows(dist: str, dtype: torch.dtype) -> None:
+    """n = 129,280 and 262,144 with k up to 2,048: the shapes of the goals, tie-heavy rows included."""
+    g = torch.Generator().manual_seed(82)
+    for n in (129280, 262144):
+        b = 6
+        scores = _scores(dist, b, n, dtype, g).cuda()
+        lengths = torch.tensor([n, n - 1, 3000, 2049, 2048, 1], dtype=torch.int32)
+        for k in (50, 512, 2048):
+            for lens, one_read in ((None, True), (lengths, True), (None, False)):
+                got = _run(scores, k, lens, one_read=one_read)
+                want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
+                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} one_read={one_read}"
+                assert_same_sets(scores, k, got, want, note)
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("cap", [1, 7, 64, 600])
+@pytest.mark.parametrize("dist", ["few_values", "all_equal", "normal", "bits_tiny", "signed_zeros", "nan_inf"])
+def test_gpu_cuda_small_cap_and_scalar_loads(cap: int, dist: str) -> None:
+    """Tiny candidate buffers force the extra row passes (heavy ties); scalar loads take the unvectorised path."""
+    g = torch.Generator().manual_seed(83)
+    for dtype in _DTYPES:
+        scores = _scores(dist, 8, 5000, dtype, g).cuda()
+        for k in (1, 300, 2048):
+            for vec, one_read in ((True, True), (False, True), (True, False)):
+                got = _run(scores, k, cap=cap, vectorize=vec, one_read=one_read)
+                want, _ = ref.topk(scores, k, None)
+                assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} one_read={one_read}")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_gpu_cuda_ragged_unaligned_and_strided(dtype: torch.dtype) -> None:
+    """Ragged ranges (relative ids), rows that start off a 16-byte boundary, strided rows and outputs."""
+    g = torch.Generator().manual_seed(84)
+    b, n, k = 12, 9000, 700
+    full = _scores("few_values", b, n + 5, dtype, g).cuda()
+    starts = torch.randint(-3, n + 3, (b,), generator=g, dtype=torch.int32)
+    ends = starts + torch.randint(-2, n + 4, (b,), generator=g, dtype=torch.int32)
+    for one_read in (True, False):
+        got = _run(full, k, ends, starts, one_read=one_read)
+        want, _ = ref.topk_ragged(full, k, starts.cuda(), ends.cuda())
+        assert_same_sets(full, k, got, want, f"ragged {dtype} one_read={one_read}")
+    for off in (1, 3):  # row base off the 16-byte grid: the launcher must pick scalar loads
+        view = full[:, off : off + n]
+        got = _run(view, k)
+        assert_same_sets(view, k, got, ref.topk(view, k)[0], f"offset {off} {dtype}")
+    out = torch.full((k, b), 7, dtype=torch.int32, device="cuda").t()  # column-major output
+    cuda_topk.topk_cuda(full[:, :n], k, out=out)
+    assert_same_sets(full, k, out.contiguous(), ref.topk(full[:, :n], k)[0], f"strided out {dtype}")
+    cols = full[:, :n].t().contiguous().t()  # column stride != 1: copied first
+    assert_same_sets(cols, k, _run(cols, k), ref.topk(cols, k)[0], f"column-major scores {dtype}")
+
+
+_BENCH_SHAPES = [(256, 65536, 512), (64, 262144, 2048), (1024, 129280, 50), (4096, 4096, 512), (1, 262144, 2048)]
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize(("b", "n", "k"), _BENCH_SHAPES)
+def test_gpu_cuda_benchmark_shapes(b: int, n: int, k: int) -> None:
+    """The benchmark's own shapes (normal fp32), every row against the reference."""
+    scores = torch.randn(b, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(85))
+    want = ref.topk(scores, k)[0]
+    for one_read in (True, False):
+        assert_same_sets(scores, k, _run(scores, k, one_read=one_read), want, f"b={b} n={n} k={k} one_read={one_read}")
+    rising = torch.arange(n, device="cuda", dtype=torch.float32).repeat(min(b, 8), 1)  # one-read overflow fallback
+    assert_same_sets(rising, k, _run(rising, k), ref.topk(rising, k)[0], f"ascending rows n={n} k={k}")
+
+
+@gpu
+@_NEEDS_C
+def test_gpu_cuda_graph() -> None:
+    b, n, k = 16, 8192, 256
+    scores = torch.randn(b, n, device="cuda")
+    out = torch.empty(b, k, dtype=torch.int32, device="cuda")
+    cuda_topk.topk_cuda(scores, k, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_topk.topk_cuda(scores, k, out=out)
+    scores.copy_(torch.randn(b, n, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_sets(scores, k, out, ref.topk(scores, k)[0], "graph replay")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dist", ["normal", "few_values", "nan_hot", "bits_tiny"])
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_gpu_api_runs_cuda(dist: str, dtype: torch.dtype) -> None:
+    """With _C built the API's backend is "cuda" and every contract property holds, sorted and unsorted."""
+    assert api.backend("cuda") == "cuda"
+    b, n, k = 6, 5000, 512
+    g = torch.Generator().manual_seed(86)
+    scores = _scores(dist, b, n, dtype, g)
+    lengths = torch.tensor([n, 0, 100, 511, 513, n + 9], dtype=torch.int32)
+    for is_sorted in (False, True):
+        idx, vals = api.topk(scores.cuda(), k, lengths=lengths.cuda(), sorted=is_sorted, return_values=True)
+        check_topk(scores, k, lengths, idx.cpu(), vals.cpu(), is_sorted)
+    starts = torch.tensor([-3, 0, 17, 4000, 100, 5], dtype=torch.int32)
+    ends = torch.tensor([600, n + 2, 16, 5000, 2000, 517], dtype=torch.int32)
+    res = api.topk_ragged(scores.cuda(), k, starts=starts.cuda(), ends=ends.cuda(), sorted=True, return_values=True)
+    want_idx, want_vals = ref.topk_ragged(scores, k, starts, ends, return_values=True)
+    assert torch.equal(res[0].cpu(), want_idx), "ragged ids differ from the reference"
+    assert torch.equal(res[1].cpu().nan_to_num(), want_vals.nan_to_num()), "ragged values differ"
+    from deepinfer.deep_select.backends.cuda import dispatch
+
+    assert "cuda" not in dispatch._FAILED, dispatch._FAILED

@@ -1,0 +1,113 @@
+"""The named benchmark configs of the memory-bound kernels (tile sizes, warps, early loads) give the default's results.
+
+The benchmark times these configs next to the API default so the lead can switch a default from one GPU run; a
+switch must not change results. Elementwise kernels (RoPE) and the quantisers (amax is a max: exact in any order)
+must match the default bit for bit under any tiling. Early loads (rope `early_rotate`, kv `early_cos_sin`) only
+move loads, so those match bit for bit too. Other kv tilings may sum the RMSNorm's squares in another order: the
+unquantised entry is then within one ulp of the default's (fp32 sums of 512 squares, then one rounding), and the
+quantised entry is the exact FP8 quant-dequant of the config's own unquantised entry. Pooling's slot sums may be
+reordered likewise: 1e-5 relative of the column's sum of |p * kv|.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+_CUDA = torch.cuda.is_available()
+if not _CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit in the kernel modules
+pytest.importorskip("triton")
+
+from deepinfer.tile_kernels.ref import quant as ref_quant  # noqa: E402
+
+
+def _kernels(name: str):  # noqa: ANN202 (a module)
+    mod = f"deepinfer.tile_kernels.backends.cuda.{name}"
+    if not _CUDA and mod in sys.modules:
+        importlib.reload(sys.modules[mod])
+    return importlib.import_module(mod)
+
+
+_Q = _kernels("triton_quant")
+_F = _kernels("triton_fused")
+_R = _kernels("triton_rope")
+_P = _kernels("triton_pool")
+DEV = "cuda" if _CUDA else "cpu"
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype).to(DEV)
+
+
+def _equal(got: object, want: object, what: str) -> None:
+    """Bitwise equality of tensors (or tuples of them), fp8 compared as bytes; names the first difference."""
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        if g is None:
+            continue
+        g8, w8 = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in (g, w))
+        diff = (g8 != w8) & ~(torch.isnan(g8.float()) & torch.isnan(w8.float()))
+        assert not diff.any(), f"{what}: {int(diff.sum())} differ, first at {diff.nonzero()[0].tolist()}"
+
+
+def _tables(t: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ang = torch.rand(t, half, generator=torch.Generator().manual_seed(t)) * 6.28
+    return ang.cos().to(DEV), ang.sin().to(DEV)
+
+
+def check_configs(t: int) -> None:
+    """Every benchmark config of quant / SwiGLU+FP8 / RoPE / KV / pooling at t tokens against the default."""
+    x = _randn(t, 1024, seed=1, scale=3.0)
+    for mode, g in (("pow2", 128), ("dequant", 64)):
+        want = _Q.fp8_group_quant_triton(x, g, mode)
+        for te, w in ((8192, 8), (2048, 4)):
+            _equal(_Q.fp8_group_quant_triton(x, g, mode, tile_elems=te, num_warps=w), want, f"quant {mode} {te}")
+    h = _randn(t, 512, seed=2, scale=3.0)
+    want = _F.swiglu_clamp_fp8_triton(h[:, :256], h[:, 256:], 10.0, 128)
+    for te, w in ((8192, 8), (2048, 4)):
+        got = _F.swiglu_clamp_fp8_triton(h[:, :256], h[:, 256:], 10.0, 128, tile_elems=te, num_warps=w)
+        _equal(got, want, f"swiglu_fp8 {te}")
+    cos, sin = _tables(t, 32)
+    for shape in ((t, 512), (t, 4, 512)):
+        q = _randn(*shape, seed=3)
+        want = _R.apply_rope_interleaved_triton(q, cos, sin, 64)
+        for kw in ({"early_rotate": True}, {"block_m": 4, "num_warps": 4}, {"block_m": 2, "num_warps": 2}):
+            _equal(_R.apply_rope_interleaved_triton(q, cos, sin, 64, **kw), want, f"rope {shape} {kw}")
+    _check_kv_configs(t, cos, sin)
+    kv, sc = _randn(2, 128, 64, seed=5, dtype=torch.float32), _randn(2, 128, 64, seed=6, dtype=torch.float32)
+    want = _P.softmax_pool_triton(kv, sc)
+    scale = (torch.softmax(sc, 1) * kv).abs().sum(1)
+    for bc, w in ((32, 4), (64, 8), (16, 4)):
+        err = (_P.softmax_pool_triton(kv, sc, block_c=bc, num_warps=w) - want).abs()
+        assert (err <= 1e-5 * scale).all(), f"pool bc{bc}: max err {err.max():.3g}"
+
+
+def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    kv, w = _randn(t, 512, seed=4, scale=3.0), _randn(512, seed=7) + 1.0
+    run = _F.kv_norm_rope_quant_triton
+    want, plain = run(kv, w, cos, sin, 64, 1e-6, 64), run(kv, w, cos, sin, 64, 1e-6, None)
+    _equal(run(kv, w, cos, sin, 64, 1e-6, 64, early_cos_sin=True), want, "kv early_cos_sin")
+    ulp = torch.finfo(torch.bfloat16).eps * plain.float().abs() + 1e-30
+    for kw in ({"block_t": 4, "num_warps": 4}, {"block_t": 2, "num_warps": 2}, {"block_t": 16, "num_warps": 8}):
+        kw2 = {**kw, "early_cos_sin": kw["block_t"] == 4}
+        p = run(kv, w, cos, sin, 64, 1e-6, None, **kw2)
+        err = (p.float() - plain.float()).abs()
+        assert (err <= ulp).all(), f"kv {kw2} unquantised: max err {err.max():.3g}"
+        got = run(kv, w, cos, sin, 64, 1e-6, 64, **kw2)
+        _equal(got[:, :448], ref_quant.fp8_quant_dequant_ue8m0(p[:, :448], 64), f"kv {kw2} quantised")
+        _equal(got[:, 448:], p[:, 448:], f"kv {kw2} rope dims")
+
+
+def test_configs_match_default() -> None:
+    check_configs(6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 4096])
+def test_gpu_configs_match_default(t: int) -> None:
+    check_configs(t)
