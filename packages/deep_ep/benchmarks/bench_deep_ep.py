@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -237,7 +238,50 @@ def bench_fast(run: Run, impl: str) -> None:
     run.record("combine bf16", name, run.cross_bytes(h2, combine=True), lambda: buf.combine(recv_x, handle), **kw)
     if buf._fast:
         bench_push(run, buf, handle, name, **kw)
+        if buf._fast.impl == "triton":
+            for label, payload in (("bf16", run.x), ("fp8", run.x8)):
+                call = lambda p=payload: buf.dispatch(p, **args)  # noqa: E731
+                bench_phases(run, call, f"dispatch {label}", name, reps=2 if run.smoke else 7, **kw)
     buf.destroy()
+
+
+def bench_phases(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
+    """Where the host time of one fused dispatch goes (isolated calls: device synced and ranks aligned
+    before each). Phases (median us): queued = start -> layout and pre-sync work launched; wait = the count
+    read (GPU layout + exchange + barrier + copy latency); push = counts -> peer pushes launched (the GPU
+    idles meanwhile); rest = -> return; gpu_tail = return -> GPU done. median_us = start -> GPU done."""
+    import deepinfer.deep_ep._fused as fused
+
+    c = run.cfg
+    rec = {"op": f"{op} host phases", "impl": impl, "ranks": run.world, "tokens_per_rank": c["tokens"],
+           "hidden": c["hidden"], "topk": c["topk"], "experts": c["experts"], "error": None, **kw}  # fmt: skip
+    fused.PHASES = []
+    try:
+        for _ in range(reps):
+            _sync(run)
+            dist.barrier(group=run.group)
+            fn()
+            _sync(run)
+            fused.PHASES[-1]["done"] = time.perf_counter()
+        steps = [("queued", "start", "queued"), ("wait", "queued", "synced"), ("push", "synced", "pushed"),
+                 ("rest", "pushed", "returned"), ("gpu_tail", "returned", "done"),
+                 ("total", "start", "done")]  # fmt: skip
+        med = {n: statistics.median((e[b] - e[a]) * 1e6 for e in fused.PHASES) for n, a, b in steps}
+        rec.update(median_us=med["total"], phases_us=med, timer="host perf_counter, synced calls")
+        if run.rank == 0:
+            log(f"{op} phases ({impl}): " + ", ".join(f"{n} {v:.0f} us" for n, v in med.items()))
+    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the run
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+        log(traceback.format_exc())
+    finally:
+        fused.PHASES = None
+    run.records.append(rec)
+    run.save()
+
+
+def _sync(run: Run) -> None:
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def bench_push(run: Run, buf: Buffer, handle, name: str, **kw) -> None:

@@ -109,4 +109,13 @@ def test_quant_fp8_matches_per_token_cast(device: str, round_scale: bool, use_ue
     for name, a, b in zip(("values", "scales"), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, (name, a.dtype, b.dtype, a.shape, b.shape)
         bad = (a.view(torch.uint8) != b.view(torch.uint8)).nonzero()
-        assert bad.numel() == 0, f"{name}: {bad.shape[0]} codes differ, first at {bad[0].tolist()}"
+        if bad.numel():  # say what differs (this runs once per round on a GPU): codes, input, the block's scale
+            i, j = bad[0].tolist()
+            blk = j // 128 if name == "values" else j
+            sg, sw = got[1][i, blk].float().item(), want[1][i, blk].float().item()
+            xv = x[i, j if name == "values" else blk * 128].item()
+            raise AssertionError(
+                f"{name}: {bad.shape[0]} codes differ, first at {[i, j]}: got {a.view(torch.uint8)[i, j].item()} "
+                f"want {b.view(torch.uint8)[i, j].item()}; x {xv!r}; "
+                f"scale got {sg!r} want {sw!r}"
+            )

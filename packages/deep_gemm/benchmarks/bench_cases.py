@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 
 from deepinfer import deep_gemm as dg
+from deepinfer.deep_gemm import api_w4a8 as dg_w4a8
+from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8_SWEEP, W4A8Config, default_w4a8_config
 from deepinfer.deep_gemm.backends.cuda.w4a16_configs import SWEEP, W4A16Config, default_config
 
 FP8 = torch.float8_e4m3fn
@@ -46,6 +48,9 @@ class Case:
     config: dict[str, str] = dataclasses.field(default_factory=dict)  # impl -> config name
     compare_to: tuple[str, ...] = ()  # package impls that also count as baselines (FP8-expert vs FP4-expert)
     out: torch.Tensor | None = None  # the buffer every `dg_w4a16[...]` impl writes: results are cross-checked
+    # bytes an impl really reads / writes when they differ from `nbytes` (FP8 weights, FP8 activations): the
+    # GB/s column of those impls uses these
+    impl_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 SMALL_M = [1, 32, 64]  # decode rows of a dense linear (bf16 weights, the engine's path today)
@@ -88,31 +93,61 @@ def dense_fp8_cases(dev: str, ms: list[int], nks: list[tuple[int, int]]) -> list
             sa_row = torch.rand(m, 1, device=dev) + 0.5
             out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
             impls = {
-                "dg_fp8_gemm_nt": lambda a=a, b=b, out=out: dg.fp8_gemm_nt(a, b, out),
+                "dg_fp8_gemm_nt": lambda a=a, b=b, out=out: dg.fp8_gemm_nt(a, b, out),  # auto: CUTLASS or Triton
+                "dg_fp8_triton": _triton_fp8_call(a, b, out),
                 "torch_scaled_mm_rowwise": lambda a=a, b=b, sa=sa_row, sb=sb_row: torch._scaled_mm(
                     a[0], b[0].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16
                 ),
                 "torch_matmul_bf16": lambda x=a_bf16, w=b_bf16: torch.matmul(x, w.t()),
             }
-            impls.update(_cutlass_fp8_impls(a, b, m, n))
+            cut_out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            impls.update(_cutlass_fp8_impls(a, b, m, n, cut_out))
             nbytes = m * k + n * k + 2 * m * n + 4 * (m + n // 128 + 1) * (k // 128)
             cases.append(Case("fp8_gemm_nt", {"m": m, "n": n, "k": k}, impls, 2.0 * m * n * k, nbytes, "fp8_tflops",
-                              compare_to=("dg_fp8_gemm_nt",)))  # fmt: skip
+                              compare_to=("dg_fp8_gemm_nt", "dg_fp8_triton"), out=cut_out))  # fmt: skip
     return cases
 
 
-def _cutlass_fp8_impls(a: tuple, b: tuple, m: int, n: int) -> dict[str, Callable[[], object]]:
-    """The CUTLASS FP8 GEMM per config (when `_C` was built with CUTLASS), each into its own output, plus config 0
-    with the A scales already M-major (the per-call sfa transpose skipped: its cost is the difference)."""
+def _triton_fp8_call(a: tuple, b: tuple, out: torch.Tensor) -> Callable[[], object]:
+    """The Triton FP8 GEMM forced (the API's auto choice may run CUTLASS); the reference off CUDA."""
+    if not a[0].is_cuda:
+        return lambda: dg.fp8_gemm_nt(a, b, out)
+    from deepinfer.deep_gemm.backends.cuda.triton_fp8_gemm import fp8_gemm_nt_triton
+
+    return lambda: fp8_gemm_nt_triton(a[0], a[1], b[0], b[1], out)
+
+
+# CUTLASS variants timed per shape: (name, config, knobs); configs 2-4 only when `_C` has them. "dp" = data-parallel
+# (no stream-K fix-up), "sk" = forced stream-K, "splitk4" = split-K by 4, "swzN" = tile swizzle N, "rN"/"rM" =
+# raster along N/M (cutlass_fp8 module docstring).
+_CUTLASS_ALL = [("coop", 0, {}), ("pingpong", 1, {}), ("coop_k", 2, {}), ("pingpong_k", 4, {})]
+_CUTLASS_SMALL_M = [("coop_k,splitk4", 2, {"decomposition": 2, "splits": 4}), ("coop_k,sk", 2, {"decomposition": 3})]
+_CUTLASS_LARGE_M = [
+    ("coop_k,dp", 2, {"decomposition": 1}),
+    ("coop_k,dp,swz4", 2, {"decomposition": 1, "swizzle": 4}),
+    ("coop_k,dp,rN", 2, {"decomposition": 1, "raster": 2}),
+    ("coop_k_2x1", 3, {}),
+    ("coop_k_2x1,dp", 3, {"decomposition": 1}),
+    ("coop_k_2x1,dp,rM", 3, {"decomposition": 1, "raster": 1}),
+    ("pingpong_k,swz4", 4, {"swizzle": 4}),
+]
+
+
+def _cutlass_fp8_impls(a: tuple, b: tuple, m: int, n: int, out: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The CUTLASS FP8 GEMM per config / scheduler variant (when `_C` was built with CUTLASS), all into `out`, plus
+    config 0 with the A scales already M-major (the per-call sfa transpose skipped: its cost is the difference)."""
     from deepinfer.deep_gemm.backends.cuda import cutlass_fp8 as cf
 
     if not (a[0].is_cuda and cf.available()):
         return {}
-    out = torch.empty(m, n, device=a[0].device, dtype=torch.bfloat16)
     sfa_t = cf.sfa_mn_major(a[1])
+    variants = _CUTLASS_ALL + (_CUTLASS_SMALL_M if m <= 128 else _CUTLASS_LARGE_M)
     impls = {
-        f"dg_fp8_cutlass[{name}]": lambda cfg=cfg: cf.fp8_gemm_nt_cutlass(a[0], a[1], b[0], b[1], out, config=cfg)
-        for cfg, name in ((0, "coop"), (1, "pingpong"))
+        f"dg_fp8_cutlass[{name}]": lambda cfg=cfg, kw=kw: cf.fp8_gemm_nt_cutlass(
+            a[0], a[1], b[0], b[1], out, config=cfg, **kw
+        )
+        for name, cfg, kw in variants
+        if cfg < cf.built_configs()
     }
     impls["dg_fp8_cutlass[coop,sfa_mn]"] = lambda: cf.fp8_gemm_nt_cutlass(
         a[0], sfa_t, b[0], b[1], out, config=0, sfa_is_mn_major=True
@@ -189,12 +224,44 @@ def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor
     return lambda: dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out, config=cfg)
 
 
+def _impl_bytes(impls: dict, active: int, m: int, n: int, k: int, g: int) -> dict[str, float]:
+    """Minimum bytes per impl where they differ from the W4A16 count: W4A8 reads FP4 weights + FP8 activations
+    (+ their fp32 per-128 scales); the FP8 baselines read FP8 weights of the active experts; torch's bf16 grouped
+    GEMM reads bf16 weights."""
+    fp4_w = active * (n * k // 2 + n * k // 32)
+    act8 = m * k + 4 * m * (k // 128)
+    fp8_w = active * (n * k + 4 * (n // 128) * (k // 128))
+    out = 2 * m * n
+    table = {"dg_w4a8": fp4_w + act8 + out + 4 * g, FP8_GROUPED: fp8_w + act8 + out + 4 * g,
+             "torch_scaled_mm_loop_fp8": active * n * k + m * k + 4 * (m + active * n) + out,
+             "torch_grouped_mm_bf16": active * 2 * n * k + 2 * m * k + out}  # fmt: skip
+    return {name: table[key] for name in impls for key in table if name == key or name.startswith(key + "[")}
+
+
+def _w4a8_impls(
+    a8: torch.Tensor, w: tuple, offs: torch.Tensor, n: int, sweep: tuple[W4A8Config, ...]
+) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """The FP8-activation x FP4-weight grouped GEMM (W4A8) per swept config + its default, one shared output."""
+    m, k = a8.shape
+    sfa = torch.rand(m, k // 128, device=a8.device) + 0.5
+    out = torch.empty(m, n, device=a8.device, dtype=torch.bfloat16)
+    gemm = dg_w4a8.m_grouped_fp8_fp4_gemm_nt_offsets
+    impls, config = {}, {}
+    for cfg in (*sweep, None):
+        name = f"dg_w4a8[{'default' if cfg is None else cfg.name}]"
+        impls[name] = lambda cfg=cfg: gemm((a8, sfa), w, offs, out, config=cfg)
+        config[name] = (cfg or default_w4a8_config(m, offs.numel())).name
+    return impls, config
+
+
 def w4a16_cases(
     dev: str, layouts: dict[str, tuple[str, int, str]], nks: dict[str, tuple[int, int]], g: int,
     sweep: dict[str, tuple[W4A16Config, ...]] = SWEEP, baselines: bool = True,
+    sweep_a8: dict[str, tuple[W4A8Config, ...]] = W4A8_SWEEP,
 ) -> list[Case]:  # fmt: skip
-    """m_grouped_bf16_fp4_gemm_nt_contiguous for every swept config (+ the default) vs torch._grouped_mm (bf16
-    weights) and a per-expert torch._scaled_mm loop (FP8 weights)."""
+    """m_grouped_bf16_fp4_gemm_nt_contiguous for every swept config (+ the default), the W4A8 grouped GEMM (FP8
+    activations, `sweep_a8` + its default), vs torch._grouped_mm (bf16 weights), a per-expert torch._scaled_mm
+    loop (FP8 weights) and the Triton FP8 grouped kernel."""
     cases = []
     for wname, (n, k) in nks.items():
         packed, scales = _fp4_weights(g, n, k, dev)
@@ -214,10 +281,13 @@ def w4a16_cases(
                 config[f"dg_w4a16[{cfg.name}]"] = cfg.name
             impls["dg_w4a16[default]"] = _w4a16_call(a, (packed, scales), offs, out, None)
             config["dg_w4a16[default]"] = default_config(m, g).name
+            a8 = (a * 4).to(FP8)
+            w4a8, cfg_a8 = _w4a8_impls(a8, (packed, scales), offs, n, sweep_a8[regime])
+            impls.update(w4a8)
+            config.update(cfg_a8)
             if baselines:
                 bt = w_bf16.transpose(-2, -1)
                 impls["torch_grouped_mm_bf16"] = lambda a=a, o=offs, bt=bt: torch._grouped_mm(a, bt, offs=o)
-                a8 = (a * 4).to(FP8)
                 sa = torch.rand(m, 1, device=dev) + 0.5
                 impls["torch_scaled_mm_loop_fp8"] = _scaled_mm_loop(a8, sa, w_fp8, sw, counts.tolist())
                 if kind == "uniform":
@@ -227,6 +297,8 @@ def w4a16_cases(
             active = int((counts > 0).sum())
             nbytes = active * (n * k // 2 + n * k // 32) + 2 * m * k + 2 * m * n + 4 * g
             shape = {"layout": lname, "weights": wname, "m": m, "n": n, "k": k, "groups": g, "active": active}
-            cases.append(Case("m_grouped_bf16_fp4_gemm_nt_contiguous", shape, impls, 2.0 * m * n * k, nbytes,
-                              "bf16_tflops", config, compare_to=(FP8_GROUPED,), out=out))  # fmt: skip
+            case = Case("m_grouped_bf16_fp4_gemm_nt_contiguous", shape, impls, 2.0 * m * n * k, nbytes,
+                        "bf16_tflops", config, compare_to=(FP8_GROUPED, "dg_w4a16[default]"), out=out)  # fmt: skip
+            case.impl_bytes = _impl_bytes(impls, active, m, n, k, g)
+            cases.append(case)
     return cases

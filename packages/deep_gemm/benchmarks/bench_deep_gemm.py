@@ -32,10 +32,11 @@ if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chose
 import bench_cases as bc  # noqa: E402
 import torch  # noqa: E402
 
+from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8Config  # noqa: E402
 from deepinfer.deep_gemm.backends.cuda.w4a16_configs import W4A16Config  # noqa: E402
 from kernelkit import H200_CEILINGS, bench_cuda, calc_diff, gbps, pct_of, tflops, write_results_json  # noqa: E402
 
-BUDGET_S = 90.0  # no new case past this: startup, CUDA init and one case in flight must fit in 120 s
+BUDGET_S = 150.0  # no new case past this: startup, CUDA init and one case in flight must fit in 200 s
 
 
 def log(msg: str) -> None:
@@ -63,7 +64,7 @@ def _time_case(case: bc.Case, warmup: int, rep: int) -> list[dict]:
             us = stats["median_us"]
             rec.update(median_us=us, p10_us=stats["p10"], p90_us=stats["p90"], timer=stats["timer"])
             rec["tflops"] = tflops(case.flops, us)
-            rec["gbps"] = gbps(case.nbytes, us)
+            rec["gbps"] = gbps(case.impl_bytes.get(impl, case.nbytes), us)  # the bytes this impl really moves
             rec["pct_compute"] = pct_of(rec["tflops"], H200_CEILINGS[case.compute_ceiling])
             rec["pct_bandwidth"] = pct_of(rec["gbps"], H200_CEILINGS["hbm_copy_gbps"])
             rec["pct_of_ceiling"] = max(rec["pct_compute"], rec["pct_bandwidth"])
@@ -80,11 +81,11 @@ def _time_case(case: bc.Case, warmup: int, rep: int) -> list[dict]:
     return recs
 
 
-def _best_w4a16(records: list[dict]) -> dict[str, str]:
-    """Fastest swept W4A16 config per (layout, weights) case."""
+def _best_w4a16(records: list[dict], prefix: str = "dg_w4a16") -> dict[str, str]:
+    """Fastest swept config of `prefix` (dg_w4a16 or dg_w4a8) per (layout, weights) case."""
     best: dict[str, tuple[float, str]] = {}
     for r in records:
-        swept = r["impl"].startswith("dg_w4a16[") and r["impl"] != "dg_w4a16[default]"
+        swept = (r["impl"] or "").startswith(prefix + "[") and r["impl"] != f"{prefix}[default]"
         if swept and r.get("median_us") and r.get("diff_vs_first_config", 0.0) < 1e-3:
             key = f"{r['shape']['layout']}/{r['shape']['weights']}"
             if key not in best or r["median_us"] < best[key][0]:
@@ -106,13 +107,14 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int) -> list[dict]:
             "decode": (W4A16Config(16, 32, 128, 2, 2), W4A16Config(16, 32, 128, 2, 2, kernel=3, split_k=2)),
             "prefill": (W4A16Config(32, 32, 128, 4, 2),),
         }
+        tiny_a8 = {"decode": (W4A8Config(16, 32, 4, 2, split_k=2),), "prefill": ()}  # + the W4A8 default
         layouts = {
             "decode_tiny": ("random", 3, "decode"),
             "masked_tiny": ("uniform", 40, "prefill"),
             "contig_tiny": ("uniform", 128, "prefill"),
         }
         builders = [
-            lambda: bc.w4a16_cases(dev, layouts, {"tiny": (128, 256)}, 3, tiny),
+            lambda: bc.w4a16_cases(dev, layouts, {"tiny": (128, 256)}, 3, tiny, sweep_a8=tiny_a8),
             lambda: bc.dense_fp8_cases(dev, [3], [(64, 256)]),
             lambda: bc.bf16_smallm_cases(dev, [3], [(64, 256)]),
         ]
@@ -145,13 +147,15 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int) -> list[dict]:
             del case.impls  # free captured operands early
         del cases
         meta["w4a16_best"] = _best_w4a16(records)
+        meta["w4a8_best"] = _best_w4a16(records, "dg_w4a8")
         if out_path:
             write_results_json(out_path, records, meta)
     meta["w4a16_best"] = _best_w4a16(records)
+    meta["w4a8_best"] = _best_w4a16(records, "dg_w4a8")
     meta["elapsed_s"] = time.monotonic() - t0
     if out_path:
         write_results_json(out_path, records, meta)
-    log(f"done in {meta['elapsed_s']:.1f} s; best W4A16 configs: {meta['w4a16_best']}")
+    log(f"done in {meta['elapsed_s']:.1f} s; best W4A16 configs: {meta['w4a16_best']}; W4A8: {meta['w4a8_best']}")
     return records
 
 
@@ -159,7 +163,11 @@ def table(path: str) -> str:
     """Markdown table of a saved run (one row per record)."""
     doc = json.loads(open(path).read())
     lines = [
-        f"GPU: {doc.get('gpu')}, {doc.get('date')}. Best W4A16 configs: {doc['meta'].get('w4a16_best')}",
+        f"GPU: {doc.get('gpu')}, {doc.get('date')}. Best W4A16 configs: {doc['meta'].get('w4a16_best')}; "
+        f"best W4A8 configs: {doc['meta'].get('w4a8_best')}",
+        "",
+        "GB/s: the bytes each impl really moves (FP4 weights for dg_w4a16 / dg_w4a8, FP8 weights for the FP8"
+        " baselines, bf16 for torch_grouped_mm_bf16; the activations' format likewise).",
         "",
         "| op | shape | impl | time (us) | TFLOPS | GB/s | % of ceiling | x baselines |",
         "|---|---|---|---|---|---|---|---|",

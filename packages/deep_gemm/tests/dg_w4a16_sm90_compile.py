@@ -72,21 +72,25 @@ def go(name: str, fn, sig: dict, cx: dict, warps: int, stages: int) -> None:  # 
 
 
 def main() -> int:
+    """Default (the CPU test, kept short): kernel-3 configs with the asm dequantiser, V3_DECODE also with the
+    integer one, and the reduce kernel. --all: both dequantisers everywhere plus kernels 1 and 2 (report)."""
+    full = "--all" in sys.argv
     decode = [c for c in cfgs.SWEEP["decode"] if c.kernel == 3]
     for cfg in decode:
-        for asm in (True, False):
+        for asm in (True, False) if full or cfg == cfgs.V3_DECODE else (True,):
             cx = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k,
                   "EVEN_N": True, "FOLD": cfg.fold, "DOT_FP32": False, "USE_ASM": asm}  # fmt: skip
             sig = dict(SIG, ws_ptr="*fp32", stride_wk="i32")
             sig = {k: sig[k] for k in [*list(SIG)[:5], "ws_ptr", *list(SIG)[5:], "stride_wk"]}  # kernel's order
             go(f"v3 {cfg.name} asm={asm}", k3._w4a16_grouped_kernel_v3, sig, cx, cfg.num_warps, cfg.num_stages)
-    for cfg in (c for c in cfgs.SWEEP["prefill"] if c.kernel == 2):  # registers / spills reported, not asserted
+    for cfg in (c for c in cfgs.SWEEP["prefill"] if c.kernel == 2 and full):  # registers / spills: report only
         cx = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "EVEN_N": True, "DOT_FP32": False, "USE_ASM": True}
         sig = dict(SIG, a_ptr="*bf16", s_ptr="*i32")
         go(f"v2 {cfg.name} (report only)", k2._w4a16_grouped_kernel_v2, sig, cx, cfg.num_warps, cfg.num_stages)
     d = cfgs.DECODE
     cx = {"BLOCK_M": d.block_m, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "DOT_FP32": False, "USE_ASM": True}
-    go(f"v1 {d.name} asm=True", k1._w4a16_grouped_kernel, SIG, cx, d.num_warps, d.num_stages)
+    if full:
+        go(f"v1 {d.name} asm=True", k1._w4a16_grouped_kernel, SIG, cx, d.num_warps, d.num_stages)
     rsig = {"ws_ptr": "*fp32", "out_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "M": "i32", "N": "i32",
             "stride_wk": "i32", "stride_om": "i32"}  # fmt: skip
     go("splitk reduce", k3._splitk_reduce, rsig, {"SPLIT_K": 2, "BLOCK_R": 16, "BLOCK_C": 256}, 4, 1)

@@ -77,10 +77,13 @@ def test_cpu_default_is_reference(spy: list[int], monkeypatch: pytest.MonkeyPatc
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 1024, 4096), (128, 4096, 2048), (4096, 2048, 4096), (77, 512, 4096)])
 def test_gpu_api_uses_triton(m: int, n: int, k: int, spy: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA the public API runs the Triton kernel; bf16 out vs the reference (1e-5: see test_dg_fp8_triton)."""
+    """On CUDA with DEEPINFER_DEEP_GEMM_FP8_DENSE=triton the public API runs the Triton kernel (auto picks CUTLASS
+    for some of these shapes: test_dg_fp8_cutlass.test_gpu_api_auto); bf16 out vs the reference (1e-5: see
+    test_dg_fp8_triton)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("DEEPINFER_DEEP_GEMM_FP8_DENSE", "triton")
     a, b = _fp8(m, n, k, seed=m + n, device="cuda")
     out = api.fp8_gemm_nt(a, b)
     assert spy == [1]

@@ -3,7 +3,8 @@
 CPU: the Python side only (argument checks, the M-major scale transform the kernel reads, the dispatch switch),
 plus an emulation of the kernel's documented scale indexing against the reference. GPU (@pytest.mark.gpu): the
 kernel vs the fp32 reference over the issue's dense shapes, m = 0 / 1 / not a multiple of the tile, with and
-without C (also aliasing out), both configs, e8m0 scales, the API switch and CUDA-graph capture.
+without C (also aliasing out), every config (M-major and K-major A scales), the tile-scheduler knobs (data-parallel,
+split-K, stream-K, swizzle, raster), e8m0 scales, the API's per-shape auto choice and CUDA-graph capture.
 
 Bound (GPU). Like DeepGEMM and the Triton kernel, CUTLASS accumulates each 128-deep k block in the wgmma
 accumulator (fewer than fp32's mantissa bits) and promotes it to fp32 with the scales, so the result differs from
@@ -30,6 +31,7 @@ CUDA = torch.cuda.is_available()
 DENSE_NK = [(1024, 4096), (32768, 1024), (512, 4096), (4096, 8192), (4096, 2048), (2048, 4096), (8192, 1024)]
 GPU_M = [0, 1, 77, 128, 300, 4096]
 DIFF_LIMIT = 1e-5
+ALL_CONFIGS = sorted(cf.CONFIGS)
 
 
 def _operands(m: int, n: int, k: int, e8m0: bool, seed: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -158,6 +160,64 @@ def test_fp8_dense_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _dispatch.fp8_dense_impl(torch.device("cpu")) == "triton"
 
 
+@pytest.mark.parametrize("mn_major_input", [False, True])
+@pytest.mark.parametrize("e8m0", [False, True])
+def test_scales_for_each_config(mn_major_input: bool, e8m0: bool) -> None:
+    """K-major configs read the API's [m, k/128] as is (fp32, contiguous); M-major ones the padded transpose."""
+    m = 5
+    sfa = rand_scales((m, 3), gen(8), e8m0)
+    given = cf.sfa_mn_major(sfa) if mn_major_input else sfa
+    for cfg in ALL_CONFIGS:
+        got = cf._scales_for(cfg, given, m, mn_major_input)
+        assert got.dtype == torch.float32 and got.is_contiguous()
+        if cfg in cf.K_MAJOR_SFA:
+            assert torch.equal(got, sfa.float())
+        else:
+            assert torch.equal(got, cf.sfa_mn_major(sfa))
+    fp32 = sfa.float()
+    assert cf._scales_for(2, fp32, m, False).data_ptr() == fp32.data_ptr()  # the API layout: no copy at all
+
+
+def test_auto_config() -> None:
+    """The per-shape choice: Triton (None) for decode and short-k small m, ping-pong for other m <= 128,
+    cooperative above; K-major configs only once AUTO_SFA_K_MAJOR is set."""
+    small, large = (4, 2) if cf.AUTO_SFA_K_MAJOR else (1, 0)
+    assert cf.auto_config(1, 4096, 8192) is None
+    assert cf.auto_config(16, 4096, 8192) is None
+    assert cf.auto_config(64, 8192, 1024) is None
+    assert cf.auto_config(64, 1024, 4096) == small
+    assert cf.auto_config(128, 4096, 8192) == small
+    assert cf.auto_config(129, 8192, 1024) == large
+    assert cf.auto_config(16384, 32768, 1024) == large
+    for m in (1, 64, 4096):
+        assert cf.default_config(m, 1024, 1024) in cf.CONFIGS
+
+
+_BAD_KNOBS = [
+    ({"config": 5}, "config: expected one of"),
+    ({"config": 3, "built": 2}, "config: expected one of"),
+    ({"raster": 3}, "raster: expected 0"),
+    ({"swizzle": 3}, "swizzle: expected 1, 2, 4 or 8"),
+    ({"decomposition": 4}, "decomposition/splits: expected"),
+    ({"splits": 0}, "decomposition/splits: expected"),
+    ({"config": 4, "decomposition": 1}, "config 4 has no stream-K scheduler"),
+]
+
+
+@pytest.mark.parametrize(("kw", "msg"), _BAD_KNOBS, ids=[m for _, m in _BAD_KNOBS])
+def test_check_knobs(kw: dict, msg: str) -> None:
+    args = {"config": 2, "raster": 0, "swizzle": 1, "decomposition": 0, "splits": 1, "built": len(cf.CONFIGS)}
+    args.update(kw)
+    with pytest.raises(ValueError, match=msg):
+        cf.check_knobs(**args)
+
+
+def test_check_knobs_accepts_valid() -> None:
+    for cfg in ALL_CONFIGS:
+        cf.check_knobs(cfg, 2, 8, 0, 1, len(cf.CONFIGS))
+    cf.check_knobs(3, 1, 4, 2, 4, len(cf.CONFIGS))
+
+
 def test_launcher_refuses_without_extension() -> None:
     """Without a CUTLASS-built _C (CPU CI) the launcher raises a clear error instead of failing later."""
     if cf.available():
@@ -211,7 +271,7 @@ def test_gpu_cutlass_built() -> None:
 
 @pytest.mark.gpu
 @needs_cutlass
-@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("config", ALL_CONFIGS)
 @pytest.mark.parametrize(("n", "k"), DENSE_NK)
 @pytest.mark.parametrize("m", GPU_M)
 def test_gpu_dense_shapes(m: int, n: int, k: int, config: int) -> None:
@@ -220,22 +280,77 @@ def test_gpu_dense_shapes(m: int, n: int, k: int, config: int) -> None:
 
 @pytest.mark.gpu
 @needs_cutlass
-@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("config", ALL_CONFIGS)
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 2048), (200, 2048, 4096), (4096, 4096, 2048)])
 def test_gpu_c_e8m0_alias(m: int, n: int, k: int, config: int) -> None:
     _run_and_check(m, n, k, config, e8m0=True, with_c=True)
     _run_and_check(m, n, k, config, e8m0=False, with_c=True, alias=True)
 
 
+_KNOB_CASES = [
+    (2, {"decomposition": 1}),
+    (2, {"decomposition": 2, "splits": 4}),
+    (2, {"decomposition": 3}),
+    (2, {"decomposition": 1, "swizzle": 4}),
+    (2, {"decomposition": 1, "raster": 2}),
+    (3, {"decomposition": 1}),
+    (3, {"decomposition": 1, "raster": 1}),
+    (3, {"decomposition": 2, "splits": 3}),
+    (0, {"decomposition": 1, "swizzle": 8}),
+    (4, {"swizzle": 4}),
+    (4, {"raster": 2}),
+]
+
+
 @pytest.mark.gpu
 @needs_cutlass
-def test_gpu_mn_major_sfa_input() -> None:
+@pytest.mark.parametrize(("config", "knobs"), _KNOB_CASES, ids=[f"{c}-{k}" for c, k in _KNOB_CASES])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1024, 4096), (77, 8192, 1024), (300, 4096, 2048), (4096, 32768, 1024)])
+def test_gpu_scheduler_knobs(m: int, n: int, k: int, config: int, knobs: dict) -> None:
+    """Every decomposition / raster / swizzle the benchmark times gives the reference's result."""
+    a, sfa, b, sfb, c = _operands_gpu(m, n, k, False, seed=m + n + k + config)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    cf.fp8_gemm_nt_cutlass(a, sfa, b, sfb, out, c, config=config, **knobs)
+    want = ref.fp8_gemm_nt(a, sfa, b, sfb, torch.empty(m, n, device="cuda"), c)
+    diff = calc_diff(out, want)
+    assert diff < DIFF_LIMIT, f"m={m} n={n} k={k} config={config} {knobs}: calc_diff {diff:.3e}"
+
+
+@pytest.mark.gpu
+@needs_cutlass
+@pytest.mark.parametrize("config", ALL_CONFIGS)
+def test_gpu_mn_major_sfa_input(config: int) -> None:
     m, n, k = 77, 1024, 512
     a, sfa, b, sfb, _ = _operands_gpu(m, n, k, False, seed=21)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    cf.fp8_gemm_nt_cutlass(a, cf.sfa_mn_major(sfa), b, sfb, out, sfa_is_mn_major=True)
+    cf.fp8_gemm_nt_cutlass(a, cf.sfa_mn_major(sfa), b, sfb, out, sfa_is_mn_major=True, config=config)
     want = ref.fp8_gemm_nt(a, sfa, b, sfb, torch.empty(m, n, device="cuda"))
     assert calc_diff(out, want) < DIFF_LIMIT
+
+
+@pytest.mark.gpu
+@needs_cutlass
+def test_gpu_all_configs_built() -> None:
+    """The GPU build has this source tree's configs (a stale _C from round 1 has only 2)."""
+    assert cf.built_configs() == len(cf.CONFIGS), f"_C has {cf.built_configs()} configs, source {len(cf.CONFIGS)}"
+
+
+@pytest.mark.gpu
+@needs_cutlass
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 8192), (16, 1024, 4096), (64, 8192, 1024), (64, 1024, 4096),
+                                           (128, 4096, 2048), (200, 2048, 4096), (4096, 1024, 4096)])  # fmt: skip
+def test_gpu_api_auto(monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int) -> None:
+    """Default env (auto): fp8_gemm_nt runs CUTLASS with `auto_config`'s config, or Triton where it says None."""
+    monkeypatch.delenv(_dispatch.FP8_DENSE_ENV, raising=False)
+    calls = []
+    real = cf.fp8_gemm_nt_cutlass
+    monkeypatch.setattr(cf, "fp8_gemm_nt_cutlass", lambda *a, **kw: calls.append(kw.get("config")) or real(*a, **kw))
+    a, sfa, b, sfb, c = _operands_gpu(m, n, k, False, seed=m + k)
+    out = dg.fp8_gemm_nt((a, sfa), (b, sfb), c=c)
+    want_cfg = cf.auto_config(m, n, k) if _dispatch.FP8_DENSE_AUTO == "per_shape" else None
+    assert calls == ([] if want_cfg is None else [want_cfg]), f"auto ran {calls}, expected config {want_cfg}"
+    diff = calc_diff(out, ref.fp8_gemm_nt(a, sfa, b, sfb, torch.empty(m, n, device="cuda"), c))
+    assert diff < DIFF_LIMIT, f"m={m} n={n} k={k} config={want_cfg}: calc_diff {diff:.3e}"
 
 
 @pytest.mark.gpu
@@ -249,26 +364,29 @@ def test_gpu_api_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     m, n, k = 64, 2048, 1024
     a, sfa, b, sfb, c = _operands_gpu(m, n, k, False, seed=22)
     out = dg.fp8_gemm_nt((a, sfa), (b, sfb), c=c)
-    assert calls == [1], "the CUTLASS path was not taken"
+    assert len(calls) == 1, "the CUTLASS path was not taken"
     assert calc_diff(out, ref.fp8_gemm_nt(a, sfa, b, sfb, torch.empty(m, n, device="cuda"), c)) < DIFF_LIMIT
     out32 = dg.fp8_gemm_nt((a, sfa), (b, sfb), c=c.float())
-    assert calls == [1], "fp32 C must not take the CUTLASS path"
+    assert len(calls) == 1, "fp32 C must not take the CUTLASS path"
     assert calc_diff(out32, ref.fp8_gemm_nt(a, sfa, b, sfb, torch.empty(m, n, device="cuda"), c)) < DIFF_LIMIT
 
 
 @pytest.mark.gpu
 @needs_cutlass
-@pytest.mark.parametrize("config", [0, 1])
-def test_gpu_cuda_graph_replay(config: int) -> None:
-    """No host sync in the launcher: capture once, change inputs in place, replay."""
+@pytest.mark.parametrize(
+    ("config", "knobs"), [(0, {}), (1, {}), (2, {}), (2, {"decomposition": 2, "splits": 4}), (4, {})]
+)
+def test_gpu_cuda_graph_replay(config: int, knobs: dict) -> None:
+    """No host sync in the launcher: capture once, change inputs in place, replay (split-K: its workspace memset
+    is captured too)."""
     m, n, k = 96, 4096, 2048
     a, sfa, b, sfb, _ = _operands_gpu(m, n, k, False, seed=23)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    cf.fp8_gemm_nt_cutlass(a, sfa, b, sfb, out, config=config)
+    cf.fp8_gemm_nt_cutlass(a, sfa, b, sfb, out, config=config, **knobs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cf.fp8_gemm_nt_cutlass(a, sfa, b, sfb, out, config=config)
+        cf.fp8_gemm_nt_cutlass(a, sfa, b, sfb, out, config=config, **knobs)
     a2, sfa2, _, _, _ = _operands_gpu(m, n, k, False, seed=24)
     a.copy_(a2)
     sfa.copy_(sfa2)

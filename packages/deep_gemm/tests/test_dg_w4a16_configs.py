@@ -30,10 +30,14 @@ interp_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reas
     [
         (192, 256, None, cfgs.DECODE),  # decode batch 32, top-6: < 1 row per expert on average
         (1536, 256, None, cfgs.DECODE),  # decode batch 256: 6 rows per expert
-        (49152, 256, None, cfgs.PREFILL),  # prefill 32 x 256 tokens: 192 rows per expert
+        (49152, 256, None, cfgs.PREFILL_256),  # prefill 32 x 256 tokens: 192 rows per expert
+        (128 * 256, 256, None, cfgs.PREFILL),  # 128 rows per expert: 128-row tiles
+        (159, 1, None, cfgs.PREFILL),
+        (160, 1, None, cfgs.PREFILL_256),
         (8192, 256, None, cfgs.MID),  # 32 rows per expert
         (49152, 256, 4, cfgs.DECODE),  # the caller's hint wins over ceil(m / g)
-        (16, 1, 200, cfgs.PREFILL),
+        (16, 1, 200, cfgs.PREFILL_256),
+        (16, 1, 100, cfgs.PREFILL),
         (0, 0, None, cfgs.DECODE),
     ],
 )
@@ -43,6 +47,7 @@ def test_default_config(m: int, g: int, hint: int | None, want: cfgs.W4A16Config
 
 def test_sweep_holds_defaults_and_names_round_trip() -> None:
     assert cfgs.DECODE in cfgs.SWEEP["decode"] and cfgs.PREFILL in cfgs.SWEEP["prefill"]
+    assert cfgs.PREFILL_256 in cfgs.SWEEP["prefill"] and cfgs.MID in cfgs.SWEEP["prefill"]
     assert cfgs.MID in cfgs.SWEEP["prefill"]
     for c in ALL_SWEPT:
         assert cfgs.parse_config(c.name) == c
@@ -199,7 +204,7 @@ def test_gpu_prefill_default_and_graph() -> None:
     """Default config from the shapes (prefill tiles), captured in a CUDA graph and replayed with new offs."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    counts = [150, 150, 150, 150]
+    counts = [150, 150, 150, 150]  # 150 rows per group: PREFILL (PREFILL_256 starts at 160)
     a, packed, scales, offs = (t.cuda() for t in _operands(counts, 256, 1024, gen(43), extra_rows=0))
     assert cfgs.default_config(a.shape[0], len(counts)) == cfgs.PREFILL
     out = torch.full((600, 256), NAN, dtype=torch.bfloat16, device="cuda")

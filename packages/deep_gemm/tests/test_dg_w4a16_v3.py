@@ -148,7 +148,8 @@ def test_asm_emulated_exact(fold: bool) -> None:
 
 
 def test_sm90_compile_no_spills() -> None:
-    """Every kernel-3 config compiles for sm_90a (both dequantisers), without spills or .ftz multiplies."""
+    """Every kernel-3 config compiles for sm_90a (asm dequantiser; V3_DECODE also the integer one), without
+    spills or .ftz multiplies (`dg_w4a16_sm90_compile.py --all` compiles every variant)."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(_HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
@@ -160,7 +161,7 @@ def test_sm90_compile_no_spills() -> None:
     if "OK " not in out and ("ptxas" in out or "No module named" in out):
         pytest.skip(f"Triton's CUDA compiler is not usable here: {out[-300:]}")
     assert proc.returncode == 0, out[-4000:]
-    assert len(re.findall(r"^OK v3 ", out, re.M)) == 2 * len(V3), out
+    assert len(re.findall(r"^OK v3 ", out, re.M)) == len(V3) + 1, out
 
 
 # --- interpreter --------------------------------------------------------------------------------------------

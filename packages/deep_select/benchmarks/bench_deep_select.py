@@ -1,6 +1,6 @@
 """deep_select benchmark: exact row-wise top-k, CUDA C++ radix / Triton v3 vs torch.topk, on the issue 4 shapes.
 
-    python packages/deep_select/benchmarks/bench_deep_select.py --out RESULT.json   # H200, < 120 s
+    python packages/deep_select/benchmarks/bench_deep_select.py --out RESULT.json   # H200, < 200 s
     python packages/deep_select/benchmarks/bench_deep_select.py --smoke             # CPU, interpreter, tiny
     python packages/deep_select/benchmarks/bench_deep_select.py --table RESULT.json # README table
 
@@ -12,14 +12,15 @@ copy ceiling. Every implementation returns unsorted indices (torch.topk with sor
 result is checked against torch.topk's values (same multiset of chosen values) before timing. v3 records
 `v3_fast_rows`: how many rows its one-read path served (the rest fell back to v2's passes).
 
-Kernels: cuda = `csrc/cuda/topk_radix.cu` (CUDA C++, one CTA per row, measured when `_C` was built; what the
-API runs then): one read of the row (12-bit histogram + the entries that can still make the top k kept in
-shared memory, tile by tile), the rest in shared memory; cuda_2pass = the same kernel with a second, collecting
-pass over the row (mostly from L2 at n <= 65,536) instead of keeping candidates during the first,
+Kernels: cuda = what the API runs with `_C` (`csrc/cuda/topk_radix.cu`, CUDA C++): the split
+(`topk_cuda_split`: segments per row, one CTA each, then a merge CTA per row) for few long rows, else one CTA per
+row in the fast mode (filtered one-read pass, prefetched tiles); cuda_fast = the fast mode, one CTA per row, timed
+where cuda is the split; cuda_r1 = round 1's one-read mode (also a baseline: x cuda_r1); cuda_2pass = a histogram
+pass, then a collecting pass over the row (mostly from L2 at n <= 65,536),
 v3 = `triton_filter.py` (1 read + a small scratch), split = `triton_split.py` (rows cut into segments so that
 few rows fill the GPU; measured where the API picks it: b * 2 < SM count and n >= 16,384). Without `_C` the
 API runs split where it applies, else v3. `--impls` adds the older v1 = `triton_topk.py` (5 reads) and
-v2 = `triton_select.py` (3 reads), left out by default to keep the run under 120 s.
+v2 = `triton_select.py` (3 reads), left out by default to keep the run short.
 
 Fused indexer (op "indexer_fused"): a 4,096-token prefill chunk over 65,536 visible entries, h = 64, d = 128,
 bf16 q / keys, k in {512, 2048}: `indexer_topk_fused` (scores never written as [t, n]) against "GEMM +
@@ -47,7 +48,7 @@ if not torch.cuda.is_available():  # before triton is imported: the CPU run need
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kernelkit as kk  # noqa: E402
-from deepinfer.deep_select.backends.cuda import cuda_topk  # noqa: E402
+from deepinfer.deep_select.backends.cuda import cuda_topk, dispatch  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_filter import topk_triton_v3  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_indexer import indexer_topk_fused  # noqa: E402
 from deepinfer.deep_select.backends.cuda.triton_select import topk_triton_v2  # noqa: E402
@@ -56,10 +57,10 @@ from deepinfer.deep_select.backends.cuda.triton_topk import topk_triton  # noqa:
 
 COPY_GBPS = kk.H200_CEILINGS["hbm_copy_gbps"]
 MAX_INPUT_BYTES = 8 * 10**9
-TIME_BUDGET_S = 95.0  # stop starting new shapes after this (the run must stay under 120 s; compiles included)
-IMPLS = ("torch.topk", "cuda", "cuda_2pass", "triton_v3", "triton_split")
+TIME_BUDGET_S = 150.0  # stop starting new shapes after this (the run must stay under 200 s; compiles included)
+IMPLS = ("torch.topk", "cuda", "cuda_fast", "cuda_r1", "cuda_2pass", "triton_v3", "triton_split")
 OPTIONAL_IMPLS = ("triton_v1", "triton_v2")  # --impls: measured only when asked
-BASELINES = ("torch.topk", "triton_v3")
+BASELINES = ("torch.topk", "triton_v3", "cuda_r1")
 _EXTRA: set[str] = set()  # optional implementations asked for on the command line
 
 
@@ -92,8 +93,13 @@ def _fns(x: torch.Tensor, k: int) -> dict:
     kk_ = min(k, x.shape[1])
     fns = {"torch.topk": lambda: torch.topk(x, kk_, dim=1, sorted=False)}
     if x.is_cuda:  # the compiled kernel: an error record when _C is missing (the lead's build must have it)
-        fns["cuda"] = lambda: cuda_topk.topk_cuda(x, k)
-        fns["cuda_2pass"] = lambda: cuda_topk.topk_cuda(x, k, one_read=False)
+        sms_ = torch.cuda.get_device_properties(x.device).multi_processor_count
+        segs = cuda_topk.choose_split(x.shape[0], x.shape[1], k, sms_) if dispatch.SPLIT_ENABLED else 1
+        fns["cuda"] = lambda: dispatch._select_cuda(x, k, None, None, None)  # the API's choice, no fallback
+        if segs > 1:  # cuda is the split here: also the one-CTA-per-row fast kernel
+            fns["cuda_fast"] = lambda: cuda_topk.topk_cuda(x, k, mode="fast")
+        fns["cuda_r1"] = lambda: cuda_topk.topk_cuda(x, k, mode="one_read")
+        fns["cuda_2pass"] = lambda: cuda_topk.topk_cuda(x, k, mode="two_pass")
     fns["triton_v3"] = lambda: topk_triton_v3(x, k)
     if "triton_v1" in _EXTRA:
         fns["triton_v1"] = lambda: topk_triton(x, k)
@@ -147,7 +153,7 @@ def _run_case(case: dict, warmup: int, rep: int) -> list[dict]:
         recs[name] = rec
     for rec in recs.values():
         for base in BASELINES:
-            bt, mt = recs[base].get("median_us"), rec.get("median_us")
+            bt, mt = recs.get(base, {}).get("median_us"), rec.get("median_us")
             rec[f"x_{base}"] = bt / mt if bt and mt else None
     del x
     if dev == "cuda":
@@ -276,12 +282,15 @@ def table(path: str) -> str:
     doc = json.loads(pathlib.Path(path).read_text())
     # Older results (before the CUDA kernel) used triton_v1 as the second baseline.
     bases = BASELINES if any("x_triton_v3" in r for r in doc["records"]) else ("torch.topk", "triton_v1")
+    bases = tuple(b for b in bases if any(f"x_{b}" in r for r in doc["records"]))  # cuda_r1: from round 2 on
     rows = [
         f"GPU: {doc.get('gpu')}; {doc.get('date')}. GB/s = bytes of scores read once / time; "
         "% of the 4.07 TB/s copy ceiling.",
         "",
-        f"| op | dtype | b | n | k | impl | time (us) | GB/s | % of copy | x {bases[0]} | x {bases[1]} |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| op | dtype | b | n | k | impl | time (us) | GB/s | % of copy | "
+        + " | ".join(f"x {b}" for b in bases)
+        + " |",
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * len(bases),
     ]
     fused = [r for r in doc["records"] if r["op"] == "indexer_fused"]
     for r in doc["records"]:
@@ -289,10 +298,10 @@ def table(path: str) -> str:
             continue
         head = f"| {r['op']} | {r['dtype']} | {r['b']} | {r['n']} | {r['k']} | {r['impl']} |"
         if "error" in r:
-            rows.append(f"{head} {r['error'][:60]} | | | | |")
+            rows.append(f"{head} {r['error'][:60]} |" + " |" * (2 + len(bases)))
             continue
-        xs = [f"{r[f'x_{b}']:.2f}" if r.get(f"x_{b}") else "-" for b in bases]
-        rows.append(f"{head} {r['median_us']:.1f} | {r['gbps']:.0f} | {r['pct_of_copy']:.1f} | {xs[0]} | {xs[1]} |")
+        xs = " | ".join(f"{r[f'x_{b}']:.2f}" if r.get(f"x_{b}") else "-" for b in bases)
+        rows.append(f"{head} {r['median_us']:.1f} | {r['gbps']:.0f} | {r['pct_of_copy']:.1f} | {xs} |")
     if fused:
         rows += [
             "",

@@ -84,7 +84,7 @@ def emu() -> ctypes.CDLL:
         raise AssertionError(f"emulation build failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
     dll = ctypes.CDLL(str(lib))
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    dll.emu_topk_radix.argtypes = [p, i32, i64, i64, i64, p, p, p, i64, i64, i64, i32, i32]
+    dll.emu_topk_radix.argtypes = [p, i32, i64, i64, i64, p, p, p, i64, i64, i64, i32, i32, i32, p, i64]
     dll.emu_topk_radix.restype = i32
     return dll
 
@@ -99,9 +99,13 @@ def run_emu(
     cap: int = 8192,
     vec: bool = True,
     one_read: bool = True,
+    mode: str | None = None,
 ) -> torch.Tensor:
-    """The kernel on CPU tensors (unit column stride; vec needs 16-byte aligned rows, as the launcher checks)."""
+    """The kernel on CPU tensors (unit column stride; vec needs 16-byte aligned rows, as the launcher checks).
+
+    mode: "fast" / "one_read" / "two_pass" (cuda_topk.MODES); None: "one_read" or "two_pass" by `one_read`."""
     b, n = scores.shape
+    mode = ("one_read" if one_read else "two_pass") if mode is None else mode
     assert scores.stride(1) == 1 or n <= 1
     if vec:
         assert scores.data_ptr() % 16 == 0 and (scores.stride(0) * scores.element_size()) % 16 == 0
@@ -109,7 +113,30 @@ def run_emu(
     ptr = [0 if t is None else t.data_ptr() for t in (lengths, starts)]
     rc = dll.emu_topk_radix(
         scores.data_ptr(), _CODE[scores.dtype], b, n, scores.stride(0), ptr[0], ptr[1], out.data_ptr(), k,
-        out.stride(0), out.stride(1), cap, int(vec) | (2 if one_read else 0),
+        out.stride(0), out.stride(1), cap, int(vec) | (2 * cuda_topk.MODES[mode]), 1, None, 0,
+    )  # fmt: skip
+    assert rc == 0
+    return out
+
+
+def run_emu_split(
+    dll: ctypes.CDLL, scores: torch.Tensor, k: int, segs: int, lengths: torch.Tensor | None = None, *, cap: int = 8192
+) -> torch.Tensor:
+    """`topk_cuda_split` on CPU tensors: the first stage (segs CTAs per row) then the gather merge, fast mode."""
+    b, n = scores.shape
+    lp = 0 if lengths is None else lengths.data_ptr()
+    code = _CODE[scores.dtype]
+    stage1 = torch.full((b * segs, k), -7, dtype=torch.int32)
+    rc = dll.emu_topk_radix(
+        scores.data_ptr(), code, b, n, scores.stride(0), lp, None, stage1.data_ptr(), k, k, 1, cap, 1 | 4, segs, None, 0
+    )
+    assert rc == 0
+    cand = stage1.view(b, segs * k)
+    out = torch.full((b, k), -7, dtype=torch.int32)
+    m = segs * k
+    rc = dll.emu_topk_radix(
+        scores.data_ptr(), code, b, n, scores.stride(0), lp, None, out.data_ptr(), k, k, 1, cap, int(m % 4 == 0) | 4, 1,
+        cand.data_ptr(), m,
     )  # fmt: skip
     assert rc == 0
     return out
@@ -125,11 +152,17 @@ def test_emulated_kernel_matches_reference(emu: ctypes.CDLL, dist: str) -> None:
     b, n = 4, 264  # n % 8 == 0: 16-byte aligned bf16 / fp16 rows
     scores = _scores(dist, b, n, dtype, g)
     lengths = torch.tensor([n, 1, 0, 203], dtype=torch.int32)
-    cases = ((37, 8192, True, True, lengths), (150, 2, False, True, None), (37, 8192, False, False, lengths))
-    for k, cap, vec, one_read, lens in cases:
-        got = run_emu(emu, scores, k, lens, cap=cap, vec=vec, one_read=one_read)
+    cases = (
+        (37, 8192, True, "one_read", lengths),
+        (150, 2, False, "one_read", None),
+        (37, 8192, False, "two_pass", lengths),
+        (37, 8192, True, "fast", lengths),
+        (150, 2, False, "fast", None),
+    )
+    for k, cap, vec, mode, lens in cases:
+        got = run_emu(emu, scores, k, lens, cap=cap, vec=vec, mode=mode)
         want, _ = ref.topk(scores, k, lens)
-        assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} one_read={one_read}")
+        assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} mode={mode}")
 
 
 def test_emulated_kernel_ragged_and_big_k(emu: ctypes.CDLL) -> None:
@@ -152,6 +185,62 @@ def test_emulated_kernel_ragged_and_big_k(emu: ctypes.CDLL) -> None:
     for cap in (8192, 500):
         got = run_emu(emu, rising, 300, cap=cap)
         assert_same_sets(rising, 300, got, ref.topk(rising, 300)[0], f"ascending row, cap {cap}")
+
+
+_FAST_CASES = [
+    ("normal", torch.float32),
+    ("few_values", torch.bfloat16),
+    ("bits_tiny", torch.float16),
+    ("nan_hot", torch.float32),
+    ("inf", torch.bfloat16),
+    ("all_equal", torch.float32),
+]
+
+
+@pytest.mark.parametrize(("dist", "dtype"), _FAST_CASES)
+def test_emulated_fast_mode_many_tiles(emu: ctypes.CDLL, dist: str, dtype: torch.dtype) -> None:
+    """The fast one-read pass over many tiles (tile = 64 emulated threads x 4 x 16 B): the filtered histogram,
+    the refresh after tiles 0-3 then every 4th, the prefetched last tile, pruning, overflow, with lengths and
+    (scalar loads) ragged ranges."""
+    g = torch.Generator().manual_seed(75)
+    n = 9_000  # fp32: 9 tiles of 1,024; 16-bit: 5 tiles of 2,048
+    scores = _scores(dist, 2, n + 8, dtype, g)[:, :n]  # row stride n + 8 keeps 16-byte aligned rows
+    lengths = torch.tensor([n, 8_191], dtype=torch.int32)
+    for k, cap in ((1, 8192), (300, 1500), (300, 700)):  # cap 1500: pruned after tile 0; 700: overflow fallback
+        got = run_emu(emu, scores, k, lengths, cap=cap, mode="fast")
+        assert_same_sets(scores, k, got, ref.topk(scores, k, lengths)[0], f"{dist} {dtype} k={k} cap={cap}")
+    starts = torch.tensor([5, 1_000], dtype=torch.int32)
+    ends = torch.tensor([n, 7_777], dtype=torch.int32)
+    got = run_emu(emu, scores, 200, ends, starts, vec=False, mode="fast")
+    assert_same_sets(scores, 200, got, ref.topk_ragged(scores, 200, starts, ends)[0], f"{dist} {dtype} ragged")
+
+
+def test_emulated_fast_mode_ascending_and_descending(emu: ctypes.CDLL) -> None:
+    """Rows where every tile beats the last (the kept set overflows: two-pass fallback), the best come first
+    (everything after tile 0 is filtered out), and ties across the filter's bucket boundary."""
+    n = 5_000  # 5 tiles of 1,024
+    rising = torch.arange(n, dtype=torch.float32)[None] * 0.25
+    falling = rising.flip(1).contiguous()
+    steps = (torch.arange(n) // 700).to(torch.float32)[None]  # 700-long runs of equal values, ascending
+    for name, row in (("rising", rising), ("falling", falling), ("steps", steps)):
+        for k, cap in ((700, 8192), (701, 1500), (5, 3)):
+            got = run_emu(emu, row, k, cap=cap, mode="fast")
+            assert_same_sets(row, k, got, ref.topk(row, k)[0], f"{name} k={k} cap={cap}")
+
+
+@pytest.mark.parametrize(("dist", "dtype"), [("normal", torch.float32), ("few_values", torch.bfloat16)])
+def test_emulated_split(emu: ctypes.CDLL, dist: str, dtype: torch.dtype) -> None:
+    """The split for few long rows: segments (the last one short or empty), per-segment top k as row ids, the
+    gather merge with the row's tie rule; lengths inside and past segment ends; k > a segment; k > length; a
+    small cap (the merge's pruning / overflow fallback)."""
+    g = torch.Generator().manual_seed(76)
+    n = 2_000
+    scores = _scores(dist, 2, n + 8, dtype, g)[:, :n]
+    lengths = torch.tensor([1_130, 5], dtype=torch.int32)
+    for k, segs, lens, cap in ((40, 3, lengths, 8192), (700, 2, None, 8192), (64, 3, None, 50)):
+        got = run_emu_split(emu, scores, k, segs, lens, cap=cap)
+        want = ref.topk(scores, k, lens)[0]
+        assert_same_sets(scores, k, got, want, f"split {dist} {dtype} k={k} segs={segs} cap={cap}")
 
 
 def test_dispatch_without_compiled_module_uses_triton() -> None:
@@ -211,11 +300,53 @@ def test_gpu_cuda_distributions(dist: str, dtype: torch.dtype) -> None:
         lengths = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32)
         lengths[:3] = torch.tensor([0, n, n + 7], dtype=torch.int32)[: min(3, b)]
         for k in (1, 64, 512, 1024, 2048):
-            for lens, one_read in ((None, True), (lengths, True), (lengths, False)):
-                got = _run(scores, k, lens, one_read=one_read)
+            for lens, mode in ((None, "fast"), (lengths, "fast"), (lengths, "one_read"), (lengths, "two_pass")):
+                got = _run(scores, k, lens, mode=mode)
                 want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
-                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} one_read={one_read}"
+                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} mode={mode}"
                 assert_same_sets(scores, k, got, want, note)
+
+
+_LAUNCH_PROBE = """
+import torch
+from deepinfer.deep_select.backends.cuda import cuda_topk
+for n in (4096, 6000, 8192):  # the first launch of every instantiation at n = 4096: 32 KB dynamic + 18 KB static
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(3, n, device="cuda").to(dtype)
+        for mode in cuda_topk.MODES:
+            for vec in (True, False):
+                cuda_topk.topk_cuda(x, 5, mode=mode, vectorize=vec)
+        for vec in (True, False):
+            cuda_topk.topk_cuda_split(x, 5, 2, vectorize=vec)
+torch.cuda.synchronize()
+print("ok")
+"""
+
+
+@gpu
+@_NEEDS_C
+def test_gpu_launch_mid_size_smem_first() -> None:
+    """Round 1's launch failure: a process whose first call had a candidate buffer (8 B x min(n, 8192)) that
+    with the 18 KB of static shared memory passes 48 KB, while the dynamic part alone stays under 48 KB, failed
+    with cudaErrorInvalidValue (n = 4096: every bf16 / fp16 / fp32 distribution test). In a fresh process: every
+    dtype, mode, load width and the split, first at n = 4096."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the same source tree and _C
+    res = subprocess.run([sys.executable, "-c", _LAUNCH_PROBE], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, f"rc {res.returncode}\n{res.stderr[-3000:]}"
+
+
+@gpu
+@_NEEDS_C
+def test_gpu_launch_error_message_names_the_variant() -> None:
+    """A launch error says which step, variant, shared memory and grid (cap 9,000 passes 8,192)."""
+    mod = cuda_topk._module()
+    x = torch.randn(2, 100, device="cuda")
+    out = torch.empty(2, 4, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(RuntimeError, match=r"variant dtype=0 vec=1 mode=2, grid=2 x 512 threads.*cap 9000"):
+        mod.topk_radix(x.data_ptr(), 0, 2, 100, 100, 0, 0, out.data_ptr(), 4, 4, 1, 9000, True, 2, 1, 0, 0, stream)
 
 
 @gpu
@@ -230,10 +361,10 @@ def test_gpu_cuda_long_rows(dist: str, dtype: torch.dtype) -> None:
         scores = _scores(dist, b, n, dtype, g).cuda()
         lengths = torch.tensor([n, n - 1, 3000, 2049, 2048, 1], dtype=torch.int32)
         for k in (50, 512, 2048):
-            for lens, one_read in ((None, True), (lengths, True), (None, False)):
-                got = _run(scores, k, lens, one_read=one_read)
+            for lens, mode in ((None, "fast"), (lengths, "fast"), (lengths, "one_read"), (None, "two_pass")):
+                got = _run(scores, k, lens, mode=mode)
                 want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
-                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} one_read={one_read}"
+                note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} mode={mode}"
                 assert_same_sets(scores, k, got, want, note)
 
 
@@ -247,10 +378,10 @@ def test_gpu_cuda_small_cap_and_scalar_loads(cap: int, dist: str) -> None:
     for dtype in _DTYPES:
         scores = _scores(dist, 8, 5000, dtype, g).cuda()
         for k in (1, 300, 2048):
-            for vec, one_read in ((True, True), (False, True), (True, False)):
-                got = _run(scores, k, cap=cap, vectorize=vec, one_read=one_read)
+            for vec, mode in ((True, "fast"), (False, "fast"), (False, "one_read"), (True, "two_pass")):
+                got = _run(scores, k, cap=cap, vectorize=vec, mode=mode)
                 want, _ = ref.topk(scores, k, None)
-                assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} one_read={one_read}")
+                assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} mode={mode}")
 
 
 @gpu
@@ -263,10 +394,10 @@ def test_gpu_cuda_ragged_unaligned_and_strided(dtype: torch.dtype) -> None:
     full = _scores("few_values", b, n + 5, dtype, g).cuda()
     starts = torch.randint(-3, n + 3, (b,), generator=g, dtype=torch.int32)
     ends = starts + torch.randint(-2, n + 4, (b,), generator=g, dtype=torch.int32)
-    for one_read in (True, False):
-        got = _run(full, k, ends, starts, one_read=one_read)
+    for mode in cuda_topk.MODES:
+        got = _run(full, k, ends, starts, mode=mode)
         want, _ = ref.topk_ragged(full, k, starts.cuda(), ends.cuda())
-        assert_same_sets(full, k, got, want, f"ragged {dtype} one_read={one_read}")
+        assert_same_sets(full, k, got, want, f"ragged {dtype} mode={mode}")
     for off in (1, 3):  # row base off the 16-byte grid: the launcher must pick scalar loads
         view = full[:, off : off + n]
         got = _run(view, k)
@@ -288,10 +419,57 @@ def test_gpu_cuda_benchmark_shapes(b: int, n: int, k: int) -> None:
     """The benchmark's own shapes (normal fp32), every row against the reference."""
     scores = torch.randn(b, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(85))
     want = ref.topk(scores, k)[0]
-    for one_read in (True, False):
-        assert_same_sets(scores, k, _run(scores, k, one_read=one_read), want, f"b={b} n={n} k={k} one_read={one_read}")
+    for mode in cuda_topk.MODES:
+        assert_same_sets(scores, k, _run(scores, k, mode=mode), want, f"b={b} n={n} k={k} mode={mode}")
     rising = torch.arange(n, device="cuda", dtype=torch.float32).repeat(min(b, 8), 1)  # one-read overflow fallback
-    assert_same_sets(rising, k, _run(rising, k), ref.topk(rising, k)[0], f"ascending rows n={n} k={k}")
+    for mode in ("fast", "one_read"):
+        got = _run(rising, k, mode=mode)
+        assert_same_sets(rising, k, got, ref.topk(rising, k)[0], f"ascending rows n={n} k={k} mode={mode}")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dist", ["normal", "few_values", "all_equal", "bits_tiny", "nan_inf", "signed_zeros"])
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_gpu_cuda_split(dist: str, dtype: torch.dtype) -> None:
+    """The split for few long rows (`topk_cuda_split`, what the API runs when b x 2 < 2 x SMs and n >= 16,384):
+    segs from 2 to 64, the last segment short, lengths inside / at / past segment ends, k up to 2,048, tiny caps."""
+    g = torch.Generator().manual_seed(87)
+    for n, segs in ((16384, 2), (65536, 7), (129280, 16), (262144, 64), (100003, 3)):
+        b = 4
+        scores = _scores(dist, b, n, dtype, g).cuda()
+        lengths = torch.tensor([n, n - 5, 3000, 2047], dtype=torch.int32)
+        for k in (1, 50, 512, 2048):
+            for lens in (None, lengths):
+                got = cuda_topk.topk_cuda_split(scores, k, segs, lengths=None if lens is None else lens.cuda())
+                torch.cuda.synchronize()
+                want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
+                note = f"split {dist} {dtype} n={n} segs={segs} k={k} lengths={lens is not None}"
+                assert_same_sets(scores, k, got, want, note)
+        got = cuda_topk.topk_cuda_split(scores, 300, 4, cap=100)  # the merge's pruning and overflow fallback
+        assert_same_sets(scores, 300, got, ref.topk(scores, 300)[0], f"split {dist} {dtype} n={n} cap 100")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize(("b", "n", "k"), [(1, 262144, 512), (1, 65536, 2048), (8, 129280, 50), (64, 262144, 2048)])
+def test_gpu_cuda_api_choice_matches_reference(b: int, n: int, k: int) -> None:
+    """What the API runs for the few-long-rows shapes (split or not) against the reference, with a CUDA graph."""
+    from deepinfer.deep_select.backends.cuda import dispatch
+
+    scores = torch.randn(b, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(88))
+    got = dispatch._select_cuda(scores, k, None, None, None)
+    want = ref.topk(scores, k)[0]
+    segs = cuda_topk.choose_split(b, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert_same_sets(scores, k, got, want, f"b={b} n={n} k={k} segs={segs}")
+    out = torch.empty(b, k, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dispatch._select_cuda(scores, k, None, None, out)
+    scores.copy_(torch.randn(b, n, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_sets(scores, k, out, ref.topk(scores, k)[0], f"graph replay b={b} n={n} k={k} segs={segs}")
 
 
 @gpu

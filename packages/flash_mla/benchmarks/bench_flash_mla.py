@@ -11,12 +11,14 @@ positions set to -1; HCA at 1M context: 128 window + all 8,192 compressed rows o
 Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4
 compressed rows), one cache, about 3 % holes.
 
-Implementations, timed in the same run: `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on
-the 584-byte FP8 rows), `chunked` / `chunked_fp8` (triton_split_chunked: the tile in 64-dim chunks, FP8 scales
-per chunk; kernel="chunked"), `deferred` / `deferred_fp8` (triton_split_deferred: P @ V one tile behind, scores
-not duplicated across warpgroups; kernel="deferred"), variants `<impl>_bn<rows>_st<stages>` (tile config) and
-`<impl>_s<n>` (split count), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather +
-fp32 softmax, BF16 cache); "x split (same cache)" is the speed-up over `split` / `split_fp8` (today's default).
+Implementations, timed in the same run: `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on the
+584-byte FP8 rows), `chunked` / `chunked_fp8` (triton_split_chunked: the tile in 64-dim chunks, FP8 scales per
+chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `deferred_fp8` (triton_split_deferred: P
+@ V one tile behind, scores not duplicated across warpgroups; kernel="deferred"), `cuda` / `cuda_fp8`
+(csrc/cuda/fm_sparse_decode.cu, the compiled sm_90a wgmma kernel; kernel="cuda"; GPU runs only, an error record when
+_C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), `legacy`
+(triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32 softmax, BF16 cache); "x split (same
+cache)" is the speed-up over `split` / `split_fp8` (today's default).
 TFLOPS = 2 * 64 * (valid indices) * (512 + 512) / time (the issue's formula);
 bytes = q + out (bf16) + indices + one cache row per valid index (1,024 B BF16, 584 B FP8), as FlashMLA counts.
 Timing: kernelkit.bench_cuda (CUDA events, 256 MiB L2 flush before every call).
@@ -88,8 +90,11 @@ def prefill_indices(t: int, k_comp: int, win: int, g: torch.Generator) -> tuple[
     return _holes(torch.cat([window, comp], dim=-1).to(torch.int32), g), win + n_comp
 
 
-def _impls(fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, variants: list[tuple[str, dict]]):
-    """name -> fn(q3, cache_bf16, idx2, sink) returning (out, lse)."""
+def _impls(
+    fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, variants: list[tuple[str, dict]], cuda: bool = False
+):
+    """name -> fn(q3, cache_bf16, idx2, sink) returning (out, lse). cuda: add the compiled sm_90a kernel (`cuda`,
+    `cuda_fp8`; without a built _C their calls raise and the case records the error)."""
     from deepinfer.flash_mla import reference as ref
     from deepinfer.flash_mla.backends.cuda import triton_sparse_attn as old
     from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
@@ -105,6 +110,10 @@ def _impls(fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, varian
         fns["deferred_fp8"] = lambda q, c, i, s: new.sparse_attn_split_triton(
             q, fp8_cache, i, s, SCALE, kernel="deferred"
         )
+    if cuda:
+        fns["cuda"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="cuda")
+        if fp8_cache is not None:
+            fns["cuda_fp8"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, fp8_cache, i, s, SCALE, kernel="cuda")
     if legacy:
         fns["legacy"] = lambda q, c, i, s: old.sparse_attn_triton(q, c, i, s, SCALE)
     for name, kw in variants:  # a name with "fp8" runs on the FP8 cache
@@ -115,14 +124,41 @@ def _impls(fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, varian
         )
     if reference:
         fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE)
+    bad = _cuda_probe_error() if cuda else None
+    if bad is not None:  # never launch a kernel that faulted / hung in the probe: it would end this process's CUDA
+        for name in [n for n in fns if n.startswith("cuda")]:
+            fns[name] = lambda q, c, i, s, why=bad: _raise(why)
     return fns
+
+
+def _raise(why: str):  # noqa: ANN202
+    raise RuntimeError(why)
+
+
+_PROBE: dict[str, str | None] = {}
+
+
+def _cuda_probe_error() -> str | None:
+    """None when the compiled kernel passed its out-of-process probe (or is not built: its calls then raise a
+    clear error by themselves), else why not (once per run)."""
+    if "err" not in _PROBE:
+        from deepinfer.flash_mla.backends.cuda import cuda_sparse_decode as cu
+
+        err = None
+        if cu.available():
+            ok, out = cu.probe()
+            err = None if ok else f"CUDA kernel probe failed: {out[-400:]}"
+        _PROBE["err"] = err
+        _log(f"cuda kernel: available={cu.available()} probe={'failed: ' + err if err else 'ok or n/a'}")
+    return _PROBE["err"]
 
 
 def _variants(op: str, b: int, s_q: int, smoke: bool) -> list[tuple[str, dict]]:
     """Other tile shapes / split counts of the split kernel on a few shapes (tuning data for the next change)."""
-    tiles = [  # defaults: fused BF16 (H, 64, 8, 2), FP8 (H, 32, 8, 3); chunked the same; deferred (H, 32, 8, 3)
+    tiles = [  # defaults: fused BF16 (H, 64, 8, 2), FP8 (H, 32, 8, 3); chunked the same but FP8 (H, 64, 8, 2);
+        # deferred (H, 32, 8, 3)
+        ("chunked_fp8_bn32_st3", dict(config=(H, 32, 8, 3), kernel="chunked")),
         ("split_fp8_bn64_st2", dict(config=(H, 64, 8, 2))),
-        ("chunked_fp8_bn64_st2", dict(config=(H, 64, 8, 2), kernel="chunked")),
         ("chunked_fp8_bn64_st3", dict(config=(H, 64, 8, 3), kernel="chunked")),
         ("deferred_fp8_bn32_st2", dict(config=(H, 32, 8, 2), kernel="deferred")),
         ("deferred_fp8_bn16_st4", dict(config=(H, 16, 8, 4), kernel="deferred")),
@@ -136,12 +172,18 @@ def _variants(op: str, b: int, s_q: int, smoke: bool) -> list[tuple[str, dict]]:
         return tiles
     if (op, b, s_q) == ("decode", 2, 2):  # FlashMLA's 15.2 us point: one 32-row tile per split (80 programs)
         return [(f"{k}_fp8_s20", dict(num_splits=20, kernel=k if k != "split" else "fused")) for k in
-                ("split", "chunked", "deferred")]  # fmt: skip
+                ("split", "chunked", "deferred")] + _cuda_splits(10)  # fmt: skip
     if (op, b, s_q) == ("decode_hca1m", 1, 1):  # auto: 130 splits of 2 tiles
-        return [("split_s33", dict(num_splits=33)), ("split_s65", dict(num_splits=65))]
+        return [("split_s33", dict(num_splits=33)), ("split_s65", dict(num_splits=65))] + _cuda_splits(130)
     if (op, s_q) == ("decode", 1) and b in (1, 32):  # auto: 10 splits at b = 1, 4 at b = 32
-        return [(f"split_s{n}", dict(num_splits=n)) for n in ((5, 20) if b == 1 else (1, 2, 8))]
+        return [(f"split_s{n}", dict(num_splits=n)) for n in ((5, 20) if b == 1 else (1, 2, 8))] + (
+            _cuda_splits(10) if b == 1 else [])  # fmt: skip
     return []
+
+
+def _cuda_splits(n: int) -> list[tuple[str, dict]]:
+    """The CUDA kernel (64-row tiles, auto plan: at least 2 tiles per split) with n splits per token."""
+    return [(f"cuda_s{n}", dict(kernel="cuda", num_splits=n)), (f"cuda_fp8_s{n}", dict(kernel="cuda", num_splits=n))]
 
 
 def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, fp8: torch.Tensor | None, cfg):
@@ -160,7 +202,7 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, 
     recs, ref_out = [], None
     # Past the variant deadline (compiles are most of the GPU run's 120 s) only the main implementations run.
     variants = _variants(op, b, s_q, cfg["smoke"]) if time.time() < cfg["variant_deadline"] else []
-    impls = _impls(fp8, cfg["legacy"], cfg["reference"], variants)
+    impls = _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"])
     if variants and ((op, b, s_q) == ("decode", 128, 2) or (cfg["smoke"] and op == "decode")):
         impls.update(_l2_hot(impls, idx2))
     for name, fn in impls.items():
@@ -195,7 +237,7 @@ def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
     BF16 rows, L2-resident after the first touch; holes kept, so the FLOPs are the same). Close to the normal
     time: the kernel is bound by its own latency / compute, not HBM; much faster: by the gather."""
     hot = torch.where(idx2 >= 0, idx2 % 1024, idx2)
-    names = [n for n in ("split", "split_fp8", "deferred", "deferred_fp8", "chunked_fp8") if n in impls]
+    names = [n for n in ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8") if n in impls]
     return {f"{n}_l2hot": (lambda q, c, i, s, f=impls[n]: f(q, c, hot, s)) for n in names}
 
 

@@ -367,3 +367,42 @@ def test_gpu_api_and_cuda_graph(calls: list[str]) -> None:
     captured = [o.clone() for o in outs]
     for got, want in zip(captured, step(), strict=True):
         assert torch.equal(got, want), f"replay differs: max {(got.float() - want.float()).abs().max()}"
+
+
+def _fp4_paths_and_configs(dtype: torch.dtype, fp4_cfgs: tuple, had_cfgs: tuple) -> None:
+    """The FP4 kernels bit for bit incl. -0.0: the contiguous kernel with and without a tail (EVEN), the strided
+    kernel, every benchmark config (tile / warps) of FP4 and of the fused Hadamard + FP4, and a block of negatives
+    that round to zero (the round-1 GPU kernel gave +0.0 there: its float negate compiled to 0 - x)."""
+    x = _fp4_inputs(37, 3 * 32, 32, seed=41, dtype=dtype, subnormal=dtype == torch.float32)  # 111 groups: a tail
+    x[1] = -(torch.rand(96, generator=_gen(42)) * 0.2 + 0.01).to(dtype).to(DEV)
+    x[1, 0] = -6.0 * 64  # block scale 64: the rest of this block (|x| < 0.21) rounds to -0.0
+    even = torch.cat([x, x]).reshape(-1)[:4096].reshape(32, 128)  # 128 groups: no tail at any config
+    for xx in (x, x[:, :64], even):  # tail, strided, even
+        c_ref, e_ref = ref.fp4_quant_ue8m0(xx, 32)
+        want = ref.fp4_quant_dequant_ue8m0(xx, 32)
+        for te, w in fp4_cfgs:
+            codes, e = _FP4.fp4_group_quant_triton(xx, 32, "codes", tile_elems=te, num_warps=w)
+            bad = (codes != c_ref).nonzero()
+            assert torch.equal(codes, c_ref), f"tile {te}: {len(bad)} codes differ, first {bad[:1].tolist()}"
+            assert torch.equal(e, e_ref), f"tile {te}: exponents differ at {(e != e_ref).nonzero()[:4].tolist()}"
+            _same(_FP4.fp4_group_quant_triton(xx, 32, "dequant", tile_elems=te, num_warps=w)[0], want)
+    h = _fp4_inputs(40 * 4, 128, 32, seed=43, dtype=torch.float32, subnormal=False).to(dtype).view(40, 4, 128)
+    want = hadamard_fp4_quant_dequant(h)
+    for te, w in had_cfgs:
+        _same(_HAD.hadamard_fp4_triton(h, tile_elems=te, num_warps=w), want)
+    _same(_HAD.hadamard_fp4_triton(h[:, 1:3]), hadamard_fp4_quant_dequant(h[:, 1:3]))  # strided rows
+
+
+def test_fp4_paths_and_configs() -> None:
+    """The GPU test's checks under the interpreter (fp32: bf16 subnormals convert wrongly there; two configs each
+    to stay cheap)."""
+    _fp4_paths_and_configs(torch.float32, ((None, None), (1024, 1)), ((None, None), (2048, 4)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_gpu_fp4_paths_and_configs(dtype: torch.dtype) -> None:
+    """`_fp4_paths_and_configs` on the GPU in every input dtype."""
+    fp4_cfgs = ((None, None), (8192, 8), (2048, 4), (1024, 1))
+    _fp4_paths_and_configs(dtype, fp4_cfgs, ((None, None), (2048, 8), (2048, 4), (8192, 8)))

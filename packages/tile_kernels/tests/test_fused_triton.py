@@ -194,11 +194,18 @@ def test_kv_paged_write_strides_and_errors() -> None:
         kv_norm_rope_quant_triton(kv, w, cos, sin, 32, 1e-6, 32, out=torch.empty(2, d, device=DEV))
 
 
+def test_kv_default_blocks() -> None:
+    """Round-2 defaults (H200 round 1: 2 tokens / 2 warps 1.52x over 8 / 8 at kv [16384, 512]); decode shrinks."""
+    assert _F._kv_block_t(16384, 512) == 2
+    assert _F._kv_block_t(4, 512) == 1
+
+
 @pytest.mark.parametrize("paged", [False, True], ids=["new", "paged"])
 def test_kv_token_blocks(paged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several tokens per program (the GPU's large-t blocking; small t on CPU would shrink it to one): a partial
     last block, and with rows a skipped token inside a block."""
     monkeypatch.setattr(_F, "KV_TARGET_PROGRAMS", 1)
+    monkeypatch.setattr(_F, "KV_TILE_ELEMS", 4096)
     t, d = 11, 128
     assert _F._kv_block_t(t, d) == 32  # one program, 11 of its 32 token slots used
     kv = _randn(t, d, seed=21, scale=3.0, dtype=torch.bfloat16)
@@ -206,7 +213,7 @@ def test_kv_token_blocks(paged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not paged:
         _check_kv(kv, w, 32, 32)
         return
-    monkeypatch.setattr(_F, "TILE_ELEMS", 4 * d)  # 4 tokens per program: 3 programs
+    monkeypatch.setattr(_F, "KV_TILE_ELEMS", 4 * d)  # 4 tokens per program: 3 programs
     cos, sin = _tables(t, 32, seed=d)
     want = kv_norm_rope_quant_triton(kv, w, cos, sin, 32, 1e-6, 32)
     rows = torch.tensor([3, 12, -1, 0, 7, 1, 9, -5, 2, 10, 4], device=DEV)

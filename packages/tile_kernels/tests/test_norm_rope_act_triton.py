@@ -227,6 +227,7 @@ def test_rope_row_blocks(shape: tuple[int, ...], rope_dim: int, monkeypatch: pyt
     """Several flattened rows per program, as on the GPU at large t (small inputs on CPU would get one): blocks
     that span tokens, a partial last block, a strided x (middle dims merged), rope_dim == d (nothing copied)."""
     monkeypatch.setattr(_ROPE, "TARGET_PROGRAMS", 1)
+    monkeypatch.setattr(_ROPE, "SMALL_ELEMS", 0)  # no small-input cap
     monkeypatch.setattr(_ROPE, "TILE_ELEMS", 256)  # 4-8 rows per program: several programs
     rows = math.prod(shape[:-1])
     bm = _ROPE._blocks(rows, shape[-1], rope_dim)[0]
@@ -235,6 +236,12 @@ def test_rope_row_blocks(shape: tuple[int, ...], rope_dim: int, monkeypatch: pyt
     cos, sin = _tables(shape[0], rope_dim, seed=rope_dim + 1)
     for inverse in (False, True):
         _check_rope(apply_rope_interleaved_triton(x, cos, sin, rope_dim, inverse), x, cos, sin, rope_dim, inverse)
+
+
+def test_rope_default_blocks() -> None:
+    """Round-2 defaults: kv [16384, 512] (8M elements) 2 rows / 2 warps per program, q [16384 * 64, 512] 8 / 8."""
+    assert _ROPE._blocks(16384, 512, 64) == (2, 512, 32, 2)
+    assert _ROPE._blocks(16384 * 64, 512, 64) == (8, 512, 32, 8)
 
 
 def test_rope_strided_inputs_and_roundtrip() -> None:
@@ -371,6 +378,32 @@ def test_gpu_rope_bitwise(inverse: bool) -> None:
         got = apply_rope_interleaved_triton(q, cos, sin, 64, inverse)
         ref = apply_rope_interleaved(q, cos, sin, 64, inverse)
         assert torch.equal(got, ref), f"{dtype}: {(got != ref).sum().item()} of {got.numel()} differ"
+
+
+def _rope_signed_zeros() -> None:
+    """Position 0 (sin = 0, cos = 1) with +-0.0 inputs: the inverse's -sin must be -0.0 as torch's negate, so
+    every output bit equals the reference's (torch.equal calls -0.0 == +0.0: compare the bits)."""
+    t, rope_dim = 8, 64
+    cos, sin = rope_cos_sin(torch.zeros(t, dtype=torch.int64), rope_inv_freq(rope_dim, 160000.0, 16.0, 65536))
+    cos, sin = cos.to(DEV), sin.to(DEV)
+    for dtype, itype in ((torch.bfloat16, torch.int16), (torch.float32, torch.int32)):
+        x = _randn(t, 4, 128, seed=52, dtype=dtype)
+        x[:, :, -rope_dim:] = torch.tensor([0.0, -0.0, -0.0, 0.0, 1.5, -0.0, -0.0, -2.0], dtype=dtype).repeat(8)
+        for inverse in (False, True):
+            got = apply_rope_interleaved_triton(x, cos, sin, rope_dim, inverse).view(itype)
+            want = apply_rope_interleaved(x, cos, sin, rope_dim, inverse).view(itype)
+            bad = (got != want).nonzero()
+            assert bad.numel() == 0, f"{dtype} inverse={inverse}: {len(bad)} differ, first {bad[:1].tolist()}"
+
+
+def test_rope_signed_zeros() -> None:
+    _rope_signed_zeros()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_rope_signed_zeros() -> None:
+    _rope_signed_zeros()
 
 
 @pytest.mark.gpu

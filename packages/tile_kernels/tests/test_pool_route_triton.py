@@ -42,7 +42,8 @@ def _kernels(name: str):  # noqa: ANN202 (a module)
     return importlib.import_module(mod)
 
 
-softmax_pool_triton = _kernels("triton_pool").softmax_pool_triton
+_POOL = _kernels("triton_pool")
+softmax_pool_triton = _POOL.softmax_pool_triton
 moe_route_triton = _kernels("triton_route").moe_route_triton
 
 DEV = "cuda" if _CUDA else "cpu"
@@ -205,3 +206,10 @@ def test_gpu_v4_flash_shapes(t: int) -> None:
     logits, bias = _randn(t, 256, seed=t + 4, scale=3.0), _randn(256, seed=t + 5, scale=0.1)
     for scoring in ("sqrtsoftplus", "sigmoid", "softmax"):
         _check_route(logits, bias, 6, scoring, 1.5, True)
+
+
+def test_pool_default_warps() -> None:
+    """Round-2 default: at most 4 warps for windows of >= 64 slots (H200 round 1, HCA: 4 warps 1.10x over 8)."""
+    assert _POOL._warps(128, 32) == 4
+    assert _POOL._warps(8, 512) == 8
+    assert _POOL._warps(2, 16) == 1

@@ -317,6 +317,16 @@ go(
     8,
     False,
 )
+f4f = {"x_ptr": "*bf16", "q_ptr": "*bf16", "s_ptr": "*i32", "n_groups": "i64"}
+for deq, even in ((True, True), (True, False), (False, True), (False, False)):
+    go(
+        f"fp4 flat dequant={deq} even={even}",
+        f4._fp4_flat_kernel,
+        {**f4f, "q_ptr": "*bf16" if deq else "*u8"},
+        {"DEQUANT": deq, "GROUP": 32, "BLOCK_G": 128, "EVEN": even},
+        8,
+        False,
+    )
 hs = {
     "x_ptr": "*bf16",
     "y_ptr": "*bf16",

@@ -16,25 +16,47 @@ namespace py = pybind11;
 #ifdef DG_HAVE_CUTLASS
 namespace dg {
 
-static void check_config(int config) {
-  if (config < 0 || config >= kCutlassFp8Configs) {
-    throw std::invalid_argument("config: expected 0.." + std::to_string(kCutlassFp8Configs - 1) + ", got " +
-                                std::to_string(config));
+namespace {
+struct ConfigEntry {
+  int64_t (*workspace_size)(const CutlassFp8Args&);
+  void (*run)(const CutlassFp8Args&);
+};
+
+// Index = config number (dg_cutlass_fp8.h).
+const ConfigEntry kConfigs[kCutlassFp8Configs] = {
+    {cutlass_fp8_workspace_size_coop, cutlass_fp8_gemm_coop},
+    {cutlass_fp8_workspace_size_pingpong, cutlass_fp8_gemm_pingpong},
+    {cutlass_fp8_workspace_size_coop_k, cutlass_fp8_gemm_coop_k},
+    {cutlass_fp8_workspace_size_coop_k_2x1, cutlass_fp8_gemm_coop_k_2x1},
+    {cutlass_fp8_workspace_size_pingpong_k, cutlass_fp8_gemm_pingpong_k},
+};
+
+void check_range(const char* name, int value, int lo, int hi) {
+  if (value < lo || value > hi) {
+    throw std::invalid_argument(std::string(name) + ": expected " + std::to_string(lo) + ".." + std::to_string(hi) +
+                                ", got " + std::to_string(value));
   }
 }
 
-int64_t cutlass_fp8_workspace_size(int config, int m, int n, int k) {
-  check_config(config);
-  return config == 0 ? cutlass_fp8_workspace_size_coop(m, n, k) : cutlass_fp8_workspace_size_pingpong(m, n, k);
+void check_knobs(int config, const CutlassFp8Args& args) {
+  check_range("config", config, 0, kCutlassFp8Configs - 1);
+  check_range("raster", args.raster, 0, 2);
+  check_range("decomposition", args.decomposition, 0, 3);
+  check_range("splits", args.splits, 1, 64);
+  if (args.swizzle != 1 && args.swizzle != 2 && args.swizzle != 4 && args.swizzle != 8) {
+    throw std::invalid_argument("swizzle: expected 1, 2, 4 or 8, got " + std::to_string(args.swizzle));
+  }
+}
+}  // namespace
+
+int64_t cutlass_fp8_workspace_size(int config, const CutlassFp8Args& args) {
+  check_knobs(config, args);
+  return kConfigs[config].workspace_size(args);
 }
 
 void cutlass_fp8_gemm(int config, const CutlassFp8Args& args) {
-  check_config(config);
-  if (config == 0) {
-    cutlass_fp8_gemm_coop(args);
-  } else {
-    cutlass_fp8_gemm_pingpong(args);
-  }
+  check_knobs(config, args);
+  kConfigs[config].run(args);
 }
 
 }  // namespace dg
@@ -45,21 +67,58 @@ PYBIND11_MODULE(_C, m) {
 #ifdef DG_HAVE_CUTLASS
   m.def("has_cutlass_fp8", []() { return true; });
   m.attr("cutlass_fp8_configs") = dg::kCutlassFp8Configs;
-  m.def("cutlass_fp8_workspace_size", &dg::cutlass_fp8_workspace_size, py::arg("config"), py::arg("m"),
-        py::arg("n"), py::arg("k"), "Bytes of device workspace the CUTLASS FP8 GEMM config needs for (m, n, k).");
+  m.def(
+      "cutlass_fp8_workspace_size",
+      [](int config, int m_, int n, int k, int raster, int swizzle, int decomposition, int splits) {
+        dg::CutlassFp8Args args{};
+        args.m = m_;
+        args.n = n;
+        args.k = k;
+        args.raster = raster;
+        args.swizzle = swizzle;
+        args.decomposition = decomposition;
+        args.splits = splits;
+        return dg::cutlass_fp8_workspace_size(config, args);
+      },
+      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("raster") = 0, py::arg("swizzle") = 1,
+      py::arg("decomposition") = 0, py::arg("splits") = 1,
+      "Bytes of device workspace the CUTLASS FP8 GEMM config needs for (m, n, k) and the scheduler knobs.");
   m.def(
       "cutlass_fp8_gemm",
       [](int config, uintptr_t a, uintptr_t sfa, uintptr_t b, uintptr_t sfb, uintptr_t c, uintptr_t d, int m_,
-         int n, int k, int sfa_ld, float beta, uintptr_t workspace, uintptr_t stream) {
+         int n, int k, int sfa_ld, float beta, uintptr_t workspace, uintptr_t stream, int raster, int swizzle,
+         int decomposition, int splits) {
         dg::CutlassFp8Args args{a, sfa, b, sfb, c, d, m_, n, k, sfa_ld, beta, workspace, stream};
+        args.raster = raster;
+        args.swizzle = swizzle;
+        args.decomposition = decomposition;
+        args.splits = splits;
         py::gil_scoped_release release;  // host-side work (TMA descriptors) needs no Python state
         dg::cutlass_fp8_gemm(config, args);
       },
       py::arg("config"), py::arg("a"), py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("c"), py::arg("d"),
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("sfa_ld"), py::arg("beta"), py::arg("workspace"),
-      py::arg("stream"),
+      py::arg("stream"), py::arg("raster") = 0, py::arg("swizzle") = 1, py::arg("decomposition") = 0,
+      py::arg("splits") = 1,
       "D = beta*C + blockscaled(A) @ blockscaled(B)^T (see csrc/cuda/cutlass/dg_cutlass_fp8.h for layouts).");
+  m.def("has_cutlass_fp8_grouped", []() { return true; });
+  m.def("cutlass_fp8_grouped_aux_bytes", &dg::cutlass_fp8_grouped_aux_bytes, py::arg("groups"),
+        "Bytes of the per-expert device arrays of the grouped contiguous FP8 GEMM.");
+  m.def("cutlass_fp8_grouped_workspace_size", &dg::cutlass_fp8_grouped_workspace_size, py::arg("groups"),
+        "Bytes of CUTLASS workspace of the grouped contiguous FP8 GEMM.");
+  m.def(
+      "cutlass_fp8_grouped_gemm",
+      [](uintptr_t a, uintptr_t sfa, uintptr_t b, uintptr_t sfb, uintptr_t d, uintptr_t m_indices, int rows, int n,
+         int k, int groups, uintptr_t aux, uintptr_t workspace, uintptr_t stream) {
+        dg::CutlassFp8GroupedArgs args{a, sfa, b, sfb, d, m_indices, rows, n, k, groups, aux, workspace, stream};
+        py::gil_scoped_release release;
+        dg::cutlass_fp8_grouped_gemm(args);
+      },
+      py::arg("a"), py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("d"), py::arg("m_indices"),
+      py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("groups"), py::arg("aux"), py::arg("workspace"),
+      py::arg("stream"), "M-grouped contiguous FP8 GEMM (see csrc/cuda/cutlass/dg_cutlass_fp8.h).");
 #else
   m.def("has_cutlass_fp8", []() { return false; });
+  m.def("has_cutlass_fp8_grouped", []() { return false; });
 #endif
 }

@@ -23,6 +23,10 @@ static_assert(kThreads % 32 == 0 && kBins % kThreads == 0, "whole warps, whole b
 constexpr int kUnroll = 4;  // 16-byte loads in flight per thread per iteration
 constexpr int kULevels = 3;  // digits of u: [31:20], [19:10], [9:0]
 constexpr unsigned kFull = 0xffffffffu;
+// Kernel modes (the MODE template argument; codes shared with topk_radix.cuh's launcher and the Python side).
+constexpr int kModeTwoPass = 0;  // histogram pass, then a collecting second pass
+constexpr int kModeOneRead = 1;  // round-1 one-read pass: histogram every entry, keep after a per-tile choose
+constexpr int kModeFast = 2;     // filtered one-read pass with a prefetched tile (stream_pass_fast)
 
 using BlockScan = cub::BlockScan<int, kThreads>;
 
@@ -34,8 +38,14 @@ struct Shared {
   int sel_digit, sel_above, sel_cnt;
 };
 
+// Gather rows (the split's merge kernel): DT | kGather streams int32 column ids (4-byte loads, -1 = none) and
+// gathers the DT value of each id from the source row (visit_tile).
+constexpr int kGather = 16;
 template <int DT>
-struct Traits;
+struct Traits {  // only DT | kGather uses the primary template
+  static_assert((DT & kGather) != 0, "unknown dtype code");
+  static constexpr int kBytes = 4;  // the ids
+};
 template <>
 struct Traits<kFloat32> {
   static constexpr int kBytes = 4;
@@ -56,6 +66,7 @@ struct Traits<kFloat16> {
 // (sign-magnitude -> two's complement, -0.0 -> 0, NaN -> -0x7F800001 just below -inf) with its sign flipped.
 template <int DT>
 __device__ __forceinline__ uint32_t rank_u(uint32_t raw) {
+  static_assert((DT & kGather) == 0, "rank_u takes the value's dtype");
   const uint32_t bits = Traits<DT>::kBytes == 4 ? raw : (raw << 16);
   const uint32_t mag = bits & 0x7FFFFFFFu;
   int32_t key = (bits >> 31) ? -static_cast<int32_t>(mag) : static_cast<int32_t>(bits);
@@ -103,59 +114,111 @@ __device__ __forceinline__ int reserve(int* counter, bool take) {
   return take ? base + __popc(m & ((1u << lane) - 1u)) : -1;
 }
 
+// Loads tile `it` (UNROLL loads of kThreads x 16 B, or scalars) of the row into registers; past v1: zeros.
+template <int DT, bool VEC, int UNROLL>
+__device__ __forceinline__ void load_tile(uint32_t (&w)[UNROLL][4], const void* row, int64_t it, int64_t v1) {
+#pragma unroll
+  for (int j = 0; j < UNROLL; ++j) {
+    const int64_t v = it + j * kThreads + threadIdx.x;
+    if (v < v1) {
+      if constexpr (VEC) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + v);
+        w[j][0] = q.x, w[j][1] = q.y, w[j][2] = q.z, w[j][3] = q.w;
+      } else if constexpr (Traits<DT>::kBytes == 4) {
+        w[j][0] = __ldg(reinterpret_cast<const unsigned int*>(row) + v);
+      } else {
+        w[j][0] = __ldg(reinterpret_cast<const unsigned short*>(row) + v);
+      }
+    } else {
+      w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
+    }
+  }
+}
+
+// fn(u, col, valid) for every element of a loaded tile (col relative to lo; valid: inside [0, len)).
+template <int DT, bool VEC, int UNROLL, class F>
+__device__ __forceinline__ void visit_tile(const uint32_t (&w)[UNROLL][4], int64_t it, int64_t v1, int64_t lo,
+                                           int len, const void* gsrc, F&& fn) {
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;  // elements per load
+#pragma unroll
+  for (int j = 0; j < UNROLL; ++j) {
+    const int64_t v = it + j * kThreads + threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int64_t col = v * kPer + e - lo;
+      const bool valid = v < v1 && col >= 0 && col < len;
+      uint32_t raw;
+      if constexpr (Traits<DT>::kBytes == 4) {
+        raw = w[j][e];
+      } else {
+        raw = (w[j][e >> 1] >> ((e & 1) * 16)) & 0xFFFFu;  // little endian: element 0 in the low half
+      }
+      if constexpr ((DT & kGather) != 0) {  // raw is a column id of gsrc (or -1): gather its value (L2 / L1)
+        constexpr int kBase = DT & ~kGather;
+        const int id = static_cast<int>(raw);
+        const bool ok = valid && id >= 0;
+        uint32_t val = 0;
+        if (ok) {
+          if constexpr (Traits<kBase>::kBytes == 4) {
+            val = __ldg(static_cast<const unsigned int*>(gsrc) + id);
+          } else {
+            val = __ldg(static_cast<const unsigned short*>(gsrc) + id);
+          }
+        }
+        fn(rank_u<kBase>(val), id, ok);
+      } else {
+        fn(rank_u<DT>(raw), static_cast<int>(col), valid);
+      }
+    }
+  }
+}
+
 // Streams the row's columns [0, len) (absolute elements lo .. lo + len of the row) one tile (kThreads x kUnroll
 // loads) at a time: f(u, col, valid) for every element of the tile, then between() (block-uniform; may sync;
 // returns whether to visit the tile again), then g(u, col, valid) over the same registers (no second load).
 // All lanes call f / g in lockstep (the loops are block-uniform), so they may use warp collectives.
 template <int DT, bool VEC, int UNROLL, class F, class B, class G>
-__device__ __forceinline__ void for_each_tile(const void* row, int64_t lo, int len, F&& f, B&& between, G&& g) {
+__device__ __forceinline__ void for_each_tile(const void* row, int64_t lo, int len, const void* gsrc, F&& f,
+                                              B&& between, G&& g) {
   constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;  // elements per load
   const int64_t v0 = lo / kPer, v1 = (lo + len + kPer - 1) / kPer;
   for (int64_t it = v0; it < v1; it += static_cast<int64_t>(kThreads) * UNROLL) {
     uint32_t w[UNROLL][4];
+    load_tile<DT, VEC, UNROLL>(w, row, it, v1);
+    visit_tile<DT, VEC, UNROLL>(w, it, v1, lo, len, gsrc, f);
+    if (between()) visit_tile<DT, VEC, UNROLL>(w, it, v1, lo, len, gsrc, g);
+  }
+}
+
+// One visit per tile like for_each_tile, but the next tile's loads are issued before the current tile is visited
+// (register double buffer), so the loads stay in flight across the visit and between(t) (t = tile number,
+// block-uniform; may sync) instead of the memory pipe draining at every block-wide sync. No second visit: one
+// inside the pipelined loop keeps both buffers live across it and spilled (46-124 B / thread, ptxas sm_90a).
+template <int DT, bool VEC, int UNROLL, class F, class B>
+__device__ __forceinline__ void for_each_tile_prefetch(const void* row, int64_t lo, int len, const void* gsrc, F&& f,
+                                                       B&& between) {
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;
+  constexpr int64_t kStep = static_cast<int64_t>(kThreads) * UNROLL;
+  const int64_t v0 = lo / kPer, v1 = (lo + len + kPer - 1) / kPer;
+  uint32_t cur[UNROLL][4], nxt[UNROLL][4];
+  load_tile<DT, VEC, UNROLL>(cur, row, v0, v1);
+  int t = 0;
+  for (int64_t it = v0; it < v1; it += kStep, ++t) {
+    load_tile<DT, VEC, UNROLL>(nxt, row, it + kStep, v1);  // past the row: no load, zeros
+    visit_tile<DT, VEC, UNROLL>(cur, it, v1, lo, len, gsrc, f);
+    between(t);
 #pragma unroll
     for (int j = 0; j < UNROLL; ++j) {
-      const int64_t v = it + j * kThreads + threadIdx.x;
-      if (v < v1) {
-        if constexpr (VEC) {
-          const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + v);
-          w[j][0] = q.x, w[j][1] = q.y, w[j][2] = q.z, w[j][3] = q.w;
-        } else if constexpr (Traits<DT>::kBytes == 4) {
-          w[j][0] = __ldg(reinterpret_cast<const unsigned int*>(row) + v);
-        } else {
-          w[j][0] = __ldg(reinterpret_cast<const unsigned short*>(row) + v);
-        }
-      } else {
-        w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
-      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) cur[j][e] = nxt[j][e];
     }
-    auto visit = [&](auto&& fn) {
-#pragma unroll
-      for (int j = 0; j < UNROLL; ++j) {
-        const int64_t v = it + j * kThreads + threadIdx.x;
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int64_t col = v * kPer + e - lo;
-          const bool valid = v < v1 && col >= 0 && col < len;
-          uint32_t raw;
-          if constexpr (Traits<DT>::kBytes == 4) {
-            raw = w[j][e];
-          } else {
-            raw = (w[j][e >> 1] >> ((e & 1) * 16)) & 0xFFFFu;  // little endian: element 0 in the low half
-          }
-          fn(rank_u<DT>(raw), static_cast<int>(col), valid);
-        }
-      }
-    };
-    visit(f);
-    if (between()) visit(g);
   }
 }
 
 // One visit per element of the row (see for_each_tile).
 template <int DT, bool VEC, class F>
-__device__ __forceinline__ void for_each_entry(const void* row, int64_t lo, int len, F&& f) {
-  for_each_tile<DT, VEC, kUnroll>(row, lo, len, f, [] { return false; }, [](uint32_t, int, bool) {});
+__device__ __forceinline__ void for_each_entry(const void* row, int64_t lo, int len, const void* gsrc, F&& f) {
+  for_each_tile<DT, VEC, kUnroll>(row, lo, len, gsrc, f, [] { return false; }, [](uint32_t, int, bool) {});
 }
 
 __device__ void zero_hist(Shared& s) {
@@ -237,8 +300,8 @@ __device__ void compact(Shared& s, uint32_t* cu, int* cc, int m, int shift, uint
 // complete, so the caller goes on with the two-pass path). *m_out: entries kept. Caller zeroed hist and
 // cand_count and synced.
 template <int DT, bool VEC>
-__device__ bool stream_pass(Shared& s, const void* row, int64_t lo, int len, int kk, uint32_t* cu, int* cc, int cap,
-                            uint32_t cmax, int* m_out) {
+__device__ bool stream_pass(Shared& s, const void* row, int64_t lo, int len, const void* gsrc, int kk, uint32_t* cu,
+                            int* cc, int cap, uint32_t cmax, int* m_out) {
   int bmin = 0;
   bool overflow = false;
   auto hist = [&](uint32_t u, int, bool valid) { hist_add(s.hist, valid ? static_cast<int>(u >> kTopShift) : -1); };
@@ -266,7 +329,61 @@ __device__ bool stream_pass(Shared& s, const void* row, int64_t lo, int len, int
   // The tile stays in registers across `between`: 16-bit tiles (8 values per load) use half the loads to stay
   // within the 64 registers of 2 CTAs per SM.
   constexpr int kStreamUnroll = Traits<DT>::kBytes == 2 ? 2 : kUnroll;
-  for_each_tile<DT, VEC, kStreamUnroll>(row, lo, len, hist, between, keep);
+  for_each_tile<DT, VEC, kStreamUnroll>(row, lo, len, gsrc, hist, between, keep);
+  __syncthreads();
+  *m_out = s.cand_count;
+  return !overflow && *m_out <= cap;
+}
+
+// The fast one-read first digit (kModeFast). Same result contract as stream_pass, cheaper per element:
+// * filtered histogram: an entry below bmin (the bucket of the kk-th best entry counted so far) can never be in
+//   or above the final bucket, so it is neither counted nor kept. Invariant: hist is exact for every bin >= bmin
+//   (bmin only grows, and every entry at or above the bmin of its time was counted), so each choose lands at or
+//   above the previous bmin and the final choose (B, count above B, count of B) is exact. After the first tiles
+//   almost every entry fails the filter: a compare and one warp vote, no shared atomic (round 1 paid an atomic
+//   per element, serialised on the ~60 bins that hold a normal row's values).
+// * one visit per tile: an entry is counted and kept in the same step, against the bmin of the last refresh.
+//   Tile 0 (bmin = 0) is kept whole: a tile is 8,192 entries (fp32: 4 x 16-byte loads per thread; 16-bit: 2),
+//   which fits the default 8,192-slot buffer (and cap = n when the row is shorter); the refresh after it prunes
+//   the buffer. A smaller cap overflows and takes the two-pass fallback (correct, slower: tests only).
+// * bmin is refreshed (a block scan of the 4096 bins and 3 syncs) after tiles 0-3, then after every 4th tile.
+// * the next tile's loads are in flight during the visit and the refresh (for_each_tile_prefetch). In flight
+//   per CTA: 32 KB (fp32) / 16 KB (16-bit); 2 CTAs per SM. (Visiting tile 0 twice, counting then keeping,
+//   spilled registers: 46-124 B / thread.)
+template <int DT, bool VEC>
+__device__ bool stream_pass_fast(Shared& s, const void* row, int64_t lo, int len, const void* gsrc, int kk,
+                                 uint32_t* cu, int* cc, int cap, uint32_t cmax, int* m_out) {
+  int bmin = 0;
+  bool overflow = false;  // block-uniform: the buffer overflowed (the histogram goes on)
+  auto visit = [&](uint32_t u, int col, bool valid) {
+    const int bucket = static_cast<int>(u >> kTopShift);
+    const bool pass = valid && bucket >= bmin;
+    if (__ballot_sync(kFull, pass) == 0) return;  // warp-uniform: the common case after the first tiles
+    hist_add(s.hist, pass ? bucket : -1);
+    if (!overflow) {
+      const int slot = reserve(&s.cand_count, pass);
+      if (slot >= 0 && slot < cap) cu[slot] = u, cc[slot] = col;
+    }
+  };
+  auto between = [&](int t) {
+    if (t >= 4 && (t & 3) != 3) return;  // block-uniform
+    __syncthreads();  // the tiles' histogram counts and kept entries are complete
+    const int c = s.cand_count;  // read before the next sync: nobody adds to it until the next visit
+    choose(s, kk);
+    __syncthreads();
+    bmin = s.sel_digit;
+    if (overflow) return;
+    if (c > cap) {
+      overflow = true;
+    } else if (2 * c > cap) {
+      __syncthreads();  // everyone has read cand_count
+      if (threadIdx.x == 0) s.cand_count = 0;
+      __syncthreads();
+      compact(s, cu, cc, c, kTopKeyShift, static_cast<uint64_t>(bmin), false, false, cmax, nullptr, 0, 0);
+    }
+  };
+  constexpr int kFastUnroll = Traits<DT>::kBytes == 2 ? 2 : kUnroll;  // 8,192 entries per tile
+  for_each_tile_prefetch<DT, VEC, kFastUnroll>(row, lo, len, gsrc, visit, between);
   __syncthreads();
   *m_out = s.cand_count;
   return !overflow && *m_out <= cap;
@@ -304,47 +421,75 @@ __device__ void refine_candidates(Shared& s, uint32_t* cu, int* cc, State st, in
   }
 }
 
-template <int DT, bool VEC, bool STREAM>
+// One CTA per (row, segment). DT | kGather: the split's merge (see below). segs > 1 (row-wise calls only, no
+// starts): the split's first stage: CTA x takes segment x % segs (ceil(n / segs) rounded up to 8 columns) of row
+// x / segs and writes its top k, as ids of the whole row, to row x of out ([b * segs, k]). Merge: CTA r reads
+// gather_m column ids of row r of `gather` (the first stage's output viewed as [b, segs * k], -1 = none) and
+// selects the top min(k, length) of the values they name in row r of scores; the key's column part is the id, so
+// the tie rule is the row's.
+template <int DT, bool VEC, int MODE>
 __global__ void __launch_bounds__(kThreads, 2)
     topk_radix_kernel(const void* __restrict__ scores, int64_t n, int64_t stride_b, const int* __restrict__ lengths,
                       const int* __restrict__ starts, int* __restrict__ out, int64_t k, int64_t stride_ob,
-                      int64_t stride_ok, int cap) {
+                      int64_t stride_ok, int cap, int segs, const int* __restrict__ gather, int64_t gather_m) {
+  constexpr bool kIsGather = (DT & kGather) != 0;
+  constexpr int kVal = DT & ~kGather;  // the scores' dtype
   __shared__ Shared s;
   DS_DYNAMIC_SMEM(dyn);  // extern __shared__ uint32_t dyn[] on the GPU (see topk_radix.cu)
   uint32_t* cu = dyn;
   int* cc = reinterpret_cast<int*>(dyn + cap);
 
-  const int64_t r = blockIdx.x;
+  const int64_t r = kIsGather ? static_cast<int64_t>(blockIdx.x) : static_cast<int64_t>(blockIdx.x) / segs;
   int64_t lo = 0, hi = n;
   if (starts != nullptr) lo = min(max(static_cast<int64_t>(starts[r]), int64_t{0}), n);
   if (lengths != nullptr) hi = min(max(static_cast<int64_t>(lengths[r]), lo), n);
-  const int col_off = starts != nullptr ? static_cast<int>(lo - starts[r]) : 0;
-  const int len = static_cast<int>(hi - lo);
-  const int kk = static_cast<int>(min(static_cast<int64_t>(len), k));
-  const char* row = static_cast<const char*>(scores) + r * stride_b * Traits<DT>::kBytes;
-  int* orow = out + r * stride_ob;
+  int col_off = starts != nullptr ? static_cast<int>(lo - starts[r]) : 0;
+  const char* srow = static_cast<const char*>(scores) + r * stride_b * Traits<kVal>::kBytes;
+  const void* row = srow;   // what the passes stream
+  const void* gsrc = srow;  // where gather ids point (merge only)
+  int kk, key_len;          // entries to choose; the key's column range
+  if constexpr (kIsGather) {
+    kk = static_cast<int>(min(hi - lo, k));
+    key_len = static_cast<int>(n);
+    col_off = 0;  // the ids are the row's columns
+    row = gather + r * gather_m;
+    lo = 0, hi = gather_m;
+  } else {
+    if (segs > 1) {  // first stage of the split (starts == nullptr): ids relative to the whole row
+      const int64_t seg = (((n + segs - 1) / segs) + 7) & ~int64_t{7};
+      const int64_t s0 = min(static_cast<int64_t>(blockIdx.x % segs) * seg, hi);
+      lo = s0, hi = min(s0 + seg, hi);
+      col_off = static_cast<int>(s0);
+    }
+    kk = static_cast<int>(min(hi - lo, k));
+    key_len = static_cast<int>(hi - lo);
+  }
+  const int len = static_cast<int>(hi - lo);  // positions streamed
+  int* orow = out + static_cast<int64_t>(blockIdx.x) * stride_ob;
 
   for (int64_t i = kk + threadIdx.x; i < k; i += kThreads) orow[i * stride_ok] = -1;
-  if (kk == len) {  // every valid entry is chosen (k >= length, empty rows): no selection
-    for (int i = threadIdx.x; i < len; i += kThreads) put(orow, stride_ok, i, i + col_off);
+  if (kIsGather ? kk == 0 : kk == len) {  // nothing to choose, or every valid entry: no selection
+    for (int i = threadIdx.x; !kIsGather && i < len; i += kThreads) put(orow, stride_ok, i, i + col_off);
     return;
   }
 
-  const int nb = 32 - __clz(static_cast<unsigned>(len - 1) | 1u);  // column bits (len >= 2 here)
+  const int nb = 32 - __clz(static_cast<unsigned>(key_len - 1) | 1u);  // column bits (key_len >= 2 here)
   const uint32_t cmax = nb >= 32 ? 0xffffffffu : ((1u << nb) - 1u);
   const int nlev = num_levels(nb);
   State st{0, kk, 0, 0};
 
-  // 1. the first digit over the whole row (STREAM: also keeping every entry that may make the top kk).
+  // 1. the first digit over the whole row (one-read modes: also keeping every entry that may make the top kk).
   zero_hist(s);
   if (threadIdx.x == 0) s.out_count = 0, s.cand_count = 0;
   __syncthreads();
   bool streamed = false;
   int m = 0;
-  if constexpr (STREAM) {
-    streamed = stream_pass<DT, VEC>(s, row, lo, len, kk, cu, cc, cap, cmax, &m);
+  if constexpr (MODE == kModeFast) {
+    streamed = stream_pass_fast<DT, VEC>(s, row, lo, len, gsrc, kk, cu, cc, cap, cmax, &m);
+  } else if constexpr (MODE == kModeOneRead) {
+    streamed = stream_pass<DT, VEC>(s, row, lo, len, gsrc, kk, cu, cc, cap, cmax, &m);
   } else {
-    for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int, bool valid) {
+    for_each_entry<DT, VEC>(row, lo, len, gsrc, [&](uint32_t u, int, bool valid) {
       hist_add(s.hist, valid ? static_cast<int>(u >> kTopShift) : -1);
     });
   }
@@ -367,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // everyone has read s.sel_* of the previous pick
     zero_hist(s);
     __syncthreads();
-    for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int col, bool valid) {
+    for_each_entry<DT, VEC>(row, lo, len, gsrc, [&](uint32_t u, int col, bool valid) {
       const uint64_t key = make_key(u, col, cmax);
       const bool match = valid && (key >> prev.shift) == p;
       hist_add(s.hist, match ? static_cast<int>((key >> lv.shift) & dmask) : -1);
@@ -382,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const Level lv = level_of(st.li, nb);
   const uint64_t p = st.prefix >> lv.shift;
   const bool take_all = st.cnt == st.need;
-  for_each_entry<DT, VEC>(row, lo, len, [&](uint32_t u, int col, bool valid) {
+  for_each_entry<DT, VEC>(row, lo, len, gsrc, [&](uint32_t u, int col, bool valid) {
     const uint64_t key = make_key(u, col, cmax) >> lv.shift;
     const bool in_bucket = valid && key == p;
     const int o = reserve(&s.out_count, valid && (key > p || (take_all && in_bucket)));

@@ -7,9 +7,18 @@
 
 namespace {
 
-template <int DT, bool VEC, bool STREAM>
+struct Split {
+  int segs;
+  const int* gather;
+  int64_t gather_m;
+};
+inline Split g_split{1, nullptr, 0};  // the split arguments of the current call (one call at a time)
+
+template <int DT, bool VEC, int MODE>
 void run_blocks(const void* scores, int64_t b, int64_t n, int64_t stride_b, const int* lengths, const int* starts,
                 int* out, int64_t k, int64_t stride_ob, int64_t stride_ok, int cap) {
+  const Split sp = g_split;
+  const int64_t grid = sp.gather != nullptr ? b : b * sp.segs;
   using deep_select::detail::kThreads;
   emu::dyn.assign(static_cast<size_t>(cap) * 2, 0xDEADBEEFu);
   std::barrier<> block_bar(kThreads);
@@ -17,14 +26,14 @@ void run_blocks(const void* scores, int64_t b, int64_t n, int64_t stride_b, cons
   for (int w = 0; w < kThreads / 32; ++w) warp_bars.push_back(new std::barrier<>(32));
   emu::block_bar = &block_bar;
   emu::warp_bars = warp_bars;
-  for (int64_t blk = 0; blk < b; ++blk) {
+  for (int64_t blk = 0; blk < grid; ++blk) {
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([=] {
         threadIdx.x = t;
         blockIdx.x = static_cast<unsigned>(blk);
-        deep_select::detail::topk_radix_kernel<DT, VEC, STREAM>(scores, n, stride_b, lengths, starts, out, k, stride_ob,
-                                                        stride_ok, cap);
+        deep_select::detail::topk_radix_kernel<DT, VEC, MODE>(scores, n, stride_b, lengths, starts, out, k, stride_ob,
+                                                              stride_ok, cap, sp.segs, sp.gather, sp.gather_m);
       });
     }
     for (auto& th : threads) th.join();
@@ -35,16 +44,23 @@ void run_blocks(const void* scores, int64_t b, int64_t n, int64_t stride_b, cons
 template <int DT>
 void run_vec(int vec, const void* scores, int64_t b, int64_t n, int64_t stride_b, const int* lengths,
              const int* starts, int* out, int64_t k, int64_t stride_ob, int64_t stride_ok, int cap) {
-  // vec: bit 0 = 16-byte loads, bit 1 = one-read (stream) mode
-  switch (vec & 3) {
+  // flags: bit 0 = 16-byte loads, bits 1-2 = mode (0 two-pass, 1 one-read, 2 fast one-read)
+  const bool v = (vec & 1) != 0;
+  if (g_split.gather != nullptr) {  // the split's merge: fast mode only
+    constexpr int G = DT | deep_select::detail::kGather;
+    if (v) return run_blocks<G, true, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+    return run_blocks<G, false, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+  }
+  switch (vec >> 1) {
     case 0:
-      return run_blocks<DT, false, false>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      if (v) return run_blocks<DT, true, 0>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      return run_blocks<DT, false, 0>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
     case 1:
-      return run_blocks<DT, true, false>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
-    case 2:
-      return run_blocks<DT, false, true>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      if (v) return run_blocks<DT, true, 1>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      return run_blocks<DT, false, 1>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
     default:
-      return run_blocks<DT, true, true>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      if (v) return run_blocks<DT, true, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      return run_blocks<DT, false, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
   }
 }
 
@@ -52,8 +68,10 @@ void run_vec(int vec, const void* scores, int64_t b, int64_t n, int64_t stride_b
 
 extern "C" int emu_topk_radix(const void* scores, int dtype, int64_t b, int64_t n, int64_t stride_b,
                               const int* lengths, const int* starts, int* out, int64_t k, int64_t stride_ob,
-                              int64_t stride_ok, int cap, int flags) {
+                              int64_t stride_ok, int cap, int flags, int segs, const int* gather,
+                              int64_t gather_m) {
   const int64_t sb = stride_b, so = stride_ob, sk = stride_ok;
+  g_split = Split{segs, gather, gather_m};
   switch (dtype) {
     case deep_select::kFloat32:
       run_vec<deep_select::kFloat32>(flags, scores, b, n, sb, lengths, starts, out, k, so, sk, cap);

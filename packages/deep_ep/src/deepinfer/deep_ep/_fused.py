@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._plan import field_offsets, word_bytes
+from ._plan import align_up, field_offsets, word_bytes
 from .backends.triton.fused import copy_rows, layout_row, push_rows, row_width
 from .handles import DispatchHandle
 from .intranode import (
@@ -38,13 +38,18 @@ from .intranode import (
 from .reference import XPayload
 
 
-def _scratch_pos(fast: IntranodeNormal, world: int, t: int) -> torch.Tensor:
-    """int64 [world, t] view of a grow-only scratch table kept on the fast path (no per-call allocation)."""
+def _scratch_pos(fast: IntranodeNormal, world: int, t: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """An int64 [world, t] position table in grow-only scratch kept on the fast path, and its rows (no
+    per-call allocation; the views are cached with the scratch)."""
     have = fast._pos_scratch
     if have is None or have.numel() < world * t:
         have = torch.empty(max(world * t, 1024), dtype=torch.int64, device=fast.device)
-        fast._pos_scratch = have
-    return have[: world * t].view(world, t)
+        fast._pos_scratch, fast._pos_views = have, {}
+    got = fast._pos_views.get(t)
+    if got is None:
+        table = have[: world * t].view(world, t)
+        got = fast._pos_views[t] = (table, [table[d] for d in range(world)])
+    return got
 
 
 def _typed(buf: torch.Tensor, off: int, rows: int, dtype: torch.dtype, cols: int) -> torch.Tensor:
@@ -58,8 +63,42 @@ def _as_words(b: torch.Tensor) -> torch.Tensor:
     return b.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[word_bytes(b.shape[1])])
 
 
+_WORD = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _src_words(f: torch.Tensor) -> torch.Tensor:
+    """`_words(f)` in one view for the usual payload (2-D contiguous, rows of whole words): fewer host ops."""
+    if f.dim() == 2 and f.is_contiguous() and f.element_size() <= 4 and f.shape[0] > 0:
+        wb = word_bytes(_row_bytes(f))
+        if wb >= f.element_size() and f.storage_offset() * f.element_size() % wb == 0:
+            return f.view(_WORD[wb])
+    return _words(f)
+
+
+def _empty_words(n: int, row_bytes: int, dev: torch.device) -> torch.Tensor:
+    """A fresh [n, row_bytes / word] output in the widest word dividing a row (what the kernels move)."""
+    wb = word_bytes(row_bytes)
+    return torch.empty((n, row_bytes // wb), dtype=_WORD[wb], device=dev)
+
+
+def _grow_cap(fast: IntranodeNormal, need: int) -> int:
+    """Receive capacity (rows) of the fused dispatch's regions: grow-only, in steps of 1/8 (>= 256 rows), so
+    that the region offsets, hence the cached views, stay the same from call to call. Every rank computes
+    the same value (same count matrix, same history of calls), which the shared layout needs."""
+    if need > fast.dispatch_cap:
+        fast.dispatch_cap = align_up(max(need, fast.dispatch_cap + fast.dispatch_cap // 8), 256)
+    return fast.dispatch_cap
+
+
 def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_experts, given, align):
-    """`reference.dispatch` with the fused kernels (same arguments and results, bit for bit)."""
+    """`reference.dispatch` with the fused kernels (same arguments and results, bit for bit).
+
+    Host work is ordered around the one synchronisation: everything that does not need the counts (word
+    views of the inputs, the handle's send_pos / send_tok, the position table) is queued before it, so it
+    overlaps the layout kernel and the exchange; after it, the peer pushes launch first (their regions are
+    cached views), then the outputs are allocated and our own block and the copy-out are queued.
+    """
+    mark = _phase_marker()
     world, rank, dev = fast.world, fast.rank, fast.device
     idx, w = topk_idx.to(torch.int64).contiguous(), topk_weights.contiguous()
     t, k = idx.shape
@@ -67,43 +106,83 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
     # 1-2: layout + positions + our exchange row (one launch), the exchange, the one host sync
     slot = fast._exchange_slot(row_width(world, num_experts))
     layout = torch.empty((t, world), dtype=torch.bool, device=dev)
-    pos = _scratch_pos(fast, world, t)
+    pos_table, pos = _scratch_pos(fast, world, t)
     sig = [_payload_code(fields), *_payload_shape(fields), k, t]
-    layout_row(idx, given if t else None, slot[1], layout, pos, num_experts, sig)
+    layout_row(idx, given if t else None, slot[1], layout, pos_table, num_experts, sig)
+    # not count-dependent: queued while the GPU computes the layout (the handle's tables: send_tok is sized
+    # for every token to every rank and sliced below; a view costs less than waiting to allocate it)
+    send_pos = torch.empty((world, t), dtype=torch.int64, device=dev)
+    send_tok_all = torch.empty((world * t,), dtype=torch.int64, device=dev)
+    src, per = [_src_words(f) for f in fields], num_experts // world
+    widths = [_row_bytes(f) for f in fields] + [8 * k, 4 * k, 8]  # + local ids, weights, token index
+    mark("queued")
     counts = fast._exchange(slot[1], slot)
+    mark("synced")
     plan = _check_rows(counts, world, num_experts, rank)
     # 3: one push per destination, peers first (the host work after them overlaps their NVLink transfers)
-    widths = [_row_bytes(f) for f in fields] + [8 * k, 4 * k, 8]  # + local ids, weights, token index
-    offs, total = field_offsets(widths, plan.dispatch_cap())
+    cap = _grow_cap(fast, plan.dispatch_cap())
+    offs, total = field_offsets(widths, cap)
     fast.transport.ensure(COUNTS_BYTES + total)
-    send_tok = torch.empty((plan.send_total(rank),), dtype=torch.int64, device=dev)
-    send_pos = torch.empty((world, t), dtype=torch.int64, device=dev)
-    src, per = [_words(f) for f in fields], num_experts // world
+    send_tok = send_tok_all[: plan.send_total(rank)]
+    key = (tuple(offs), tuple(widths), cap, k)
     for d in _peers(rank, world):
-        dst = _peer_regions(fast.transport.buffer(d), offs, widths, plan.dispatch_cap(), k)
+        dst = fast.view(("peer", d, *key), lambda d=d: _peer_regions(fast.transport.buffer(d), offs, widths, cap, k))
         xs, meta = list(zip(src, dst[: len(fields)])), (idx, w, *dst[len(fields) :], d * per, per)
         push_rows(pos[d], 0, plan.send_off(rank, d), plan.recv_off(rank, d), xs, meta, (send_pos[d], send_tok))
+    mark("pushed")
     n_recv = plan.recv_total(rank)
-    outs = [torch.empty((n_recv, rb), dtype=torch.uint8, device=dev) for rb in widths[: len(fields)]]
+    outs = [_empty_words(n_recv, rb, dev) for rb in widths[: len(fields)]]
     out_idx = torch.empty((n_recv, k), dtype=torch.int64, device=dev)
     out_w = torch.empty((n_recv, k), dtype=torch.float32, device=dev)
-    out_src = torch.empty((n_recv,), dtype=torch.int64, device=dev)
-    xs, meta = list(zip(src, map(_as_words, outs))), (idx, w, out_idx, out_w, out_src, rank * per, per)
+    out_src = torch.empty((n_recv, 1), dtype=torch.int64, device=dev)
+    xs, meta = list(zip(src, outs)), (idx, w, out_idx, out_w, out_src, rank * per, per)
     lo, so = plan.recv_off(rank, rank), plan.send_off(rank, rank)
     push_rows(pos[rank], 0, so, lo, xs, meta, (send_pos[rank], send_tok))  # our block: into the outputs
     # 4: the peers' blocks, from our buffer into the outputs
     fast.transport.barrier()
-    mine = fast.transport.buffer(rank)
-    dst = [*outs, out_idx.view(torch.uint8), out_w.view(torch.uint8), out_src.view(torch.uint8).reshape(n_recv, 8)]
-    pairs = [(_region(mine, COUNTS_BYTES + o, n_recv, rb), _as_words(b)) for o, rb, b in zip(offs, widths, dst)]
-    copy_rows(pairs, n_recv, (lo, lo + plan.matrix[rank][rank]))
-    recv_x = [b.view(f.dtype).reshape(n_recv, *f.shape[1:]) for b, f in zip(outs, fields)]
+    mine = fast.view(("mine", *key), lambda: _own_regions(fast.transport.buffer(rank), offs, widths, cap))
+    dst = [*outs, out_idx.view(torch.int32), out_w.view(torch.int32), out_src.view(torch.int32)]
+    copy_rows(list(zip(mine, dst)), n_recv, (lo, lo + plan.matrix[rank][rank]))
+    recv_x = [_typed_out(b, f) for b, f in zip(outs, fields)]
     lists = _per_expert_lists(counts, world, num_experts, rank, align)
     handle = DispatchHandle(
         t, num_experts, layout, send_tok, list(plan.matrix[rank]), [plan.matrix[s][rank] for s in range(world)],
-        out_src, lists, [list(r) for r in plan.matrix], send_pos,
+        out_src.view(-1), lists, [list(r) for r in plan.matrix], send_pos,
     )  # fmt: skip
+    mark("returned")
     return (tuple(recv_x) if isinstance(x, tuple) else recv_x[0]), out_idx, out_w, lists, handle
+
+
+# Host-side phase times of dispatch (diagnostics for the benchmark; off unless a list is installed here):
+# per call a dict of perf_counter stamps: queued (layout + pre-sync work launched), synced (counts read),
+# pushed (peer pushes launched), returned.
+PHASES: list[dict[str, float]] | None = None
+
+
+def _phase_marker():
+    """A callable stamping phase names into a new PHASES entry, or a no-op when PHASES is None."""
+    if PHASES is None:
+        return _no_mark
+    import time
+
+    entry: dict[str, float] = {"start": time.perf_counter()}
+    PHASES.append(entry)
+    return lambda name: entry.__setitem__(name, time.perf_counter())
+
+
+def _no_mark(name: str) -> None:
+    """Phase timing off."""
+
+
+def _typed_out(b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Output words [n, W] -> f's dtype and row shape (one view for 2-D payloads)."""
+    v = b.view(f.dtype)
+    return v if f.dim() == 2 and v.shape[1] == f.shape[1] else v.reshape(b.shape[0], *f.shape[1:])
+
+
+def _own_regions(buf: torch.Tensor, offs: list[int], widths: list[int], cap: int) -> list[torch.Tensor]:
+    """Our buffer's receive regions [cap rows] of every field, as words (the copy-out's sources)."""
+    return [_region(buf, COUNTS_BYTES + o, cap, rb) for o, rb in zip(offs, widths)]
 
 
 def _peer_regions(buf: torch.Tensor, offs: list[int], widths: list[int], cap: int, k: int) -> list[torch.Tensor]:

@@ -73,6 +73,11 @@ class IntranodeNormal:
         self.rank, self.world, self.device, self.impl = self.transport.rank, self.transport.world, device, impl
         self.group, self._exchanges = group, 0
         self._pos_scratch: torch.Tensor | None = None  # the fused dispatch's position table (grow-only)
+        self._pos_views: dict[int, tuple] = {}  # views of it per token count
+        self._pinned: torch.Tensor | None = None  # host copy of the exchanged counts (CUDA, grow-only)
+        self._pinned_ev = None
+        self._views: dict[tuple, object] = {}  # views into the transport buffers, see `view`
+        self.dispatch_cap = 0  # grow-only receive capacity (rows) of the fused dispatch: stable offsets, cached views
         if impl == "triton" and not _agree(group, device, self._probe()):
             # e.g. Triton refusing a peer pointer: the torch movers need nothing but copies and index_select
             import warnings
@@ -109,6 +114,18 @@ class IntranodeNormal:
         self.transport.barrier()  # everyone has read the probe rows before real traffic lands there
         return ok
 
+    def view(self, key: tuple, make):
+        """make() once per (key, buffer generation): views into the buffers cost host time on every call
+        (a few us each on a GPU host, and a dispatch used ~40), so the fast path keeps them. The buffer
+        size is in the key: it changes whenever the transport reallocates (grow-only), dropping old views."""
+        key = (self.transport.nbytes, *key)
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 512:  # many distinct shapes: start over rather than grow without bound
+                self._views.clear()
+            got = self._views[key] = make()
+        return got
+
     # -- count exchange -------------------------------------------------------------------------------------
     def _exchange_slot(self, width: int) -> tuple[int, torch.Tensor]:
         """Byte offset of this exchange's row area, and our int64 [width] slot in OUR buffer's area."""
@@ -120,7 +137,8 @@ class IntranodeNormal:
         base = (self._exchanges % 2) * half
         self._exchanges += 1
         at = base + self.rank * width * 8
-        return base, self.transport.buffer(self.rank)[at : at + width * 8].view(torch.int64)
+        mine = self.view(("slot", at, width), lambda: self.transport.buffer(self.rank)[at : at + width * 8])
+        return base, mine.view(torch.int64)
 
     def _exchange(self, row: torch.Tensor, slot: tuple[int, torch.Tensor] | None = None) -> list[list[int]]:
         """Write our int64 row into slot `rank` of every rank's count area; barrier; return all rows.
@@ -132,11 +150,35 @@ class IntranodeNormal:
         at = base + self.rank * width * 8
         if slot is None:
             mine.copy_(row)
+        src = self.view(("slot", at, width), lambda: self.transport.buffer(self.rank)[at : at + width * 8])
         for r in _peers(self.rank, self.world):
-            self.transport.buffer(r)[at : at + width * 8].copy_(mine.view(torch.uint8))
+            self.view(("slot-of", r, at, width), lambda r=r: self.transport.buffer(r)[at : at + width * 8]).copy_(src)
         self.transport.barrier()
-        area = self.transport.buffer(self.rank)[base : base + self.world * width * 8].view(torch.int64)
-        return area.reshape(self.world, width).tolist()  # the one host synchronisation of a dispatch
+        area = self.view(("area", base, width), lambda: self._area(base, width))
+        return self._read_counts(area)  # the one host synchronisation of a dispatch
+
+    def _read_counts(self, area: torch.Tensor) -> list[list[int]]:
+        """area.tolist(); on CUDA through a grow-only pinned buffer: an async copy + one event wait costs the
+        host less than tolist's pageable copy (and allocates nothing per call)."""
+        if self.device.type != "cuda":
+            return area.tolist()
+        n = area.numel()
+        if self._pinned is None or self._pinned.numel() < n:
+            self._pinned = torch.empty(max(n, 4096), dtype=torch.int64, pin_memory=True)
+            self._pinned_ev = torch.cuda.Event()
+        host = self._pinned[:n]
+        host.copy_(area.view(-1), non_blocking=True)
+        self._pinned_ev.record()
+        self._pinned_ev.synchronize()
+        return host.view(area.shape).tolist()
+
+    def _area(self, base: int, width: int) -> torch.Tensor:
+        """int64 [R, width]: every rank's exchanged row, in our buffer."""
+        return (
+            self.transport.buffer(self.rank)[base : base + self.world * width * 8]
+            .view(torch.int64)
+            .reshape(self.world, width)
+        )
 
     def _exchange_row(self, per_rank, per_expert, sig: list[int], idx, mismatch) -> torch.Tensor:
         """[rows per rank (R) | tokens per expert (E) | sig (payload code, hidden, k, t) | idx min, max | bad]."""
@@ -275,6 +317,8 @@ class IntranodeNormal:
         return out.copy_(acc)
 
     def destroy(self) -> None:
+        self._views.clear()  # the cached views hold the buffers: drop them with the transport's
+        self._pos_views.clear()
         self.transport.close()
 
 

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -27,13 +29,36 @@ using ElementAcc = float;                // must equal the block-scale element t
 constexpr int kAlignAB = 16;             // elements of 1 byte: 16-byte TMA rows
 constexpr int kAlignOut = 8;             // bf16: 16-byte rows, hence n % 8 == 0
 
-// A scales M-major (TMA-loaded for tiles of >= 32 rows), B scales K-major = the API's [n/128, k/128] as is.
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::MN, cute::GMMA::Major::K>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+// A scales M-major (TMA-loaded for tiles of >= 32 rows) or K-major (the API's [m, k/128] as is, cp.async by the
+// producer's 32 scale threads, which load the K-major B scales anyway); B scales K-major = the API's [n/128, k/128].
+template <bool SfaMMajor>
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
+    1, 128, 128, SfaMMajor ? cute::GMMA::Major::MN : cute::GMMA::Major::K, cute::GMMA::Major::K>;
 
-template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule, class Scheduler>
+// Sets the tile scheduler's runtime knobs; the stream-K ones only where the scheduler has them.
+template <class T, class = void>
+struct HasDecomposition : std::false_type {};
+template <class T>
+struct HasDecomposition<T, std::void_t<decltype(std::declval<T&>().decomposition_mode)>> : std::true_type {};
+
+template <class SchedulerArgs>
+void set_scheduler(SchedulerArgs& s, const CutlassFp8Args& p) {
+  s.max_swizzle_size = p.swizzle;
+  s.raster_order = static_cast<decltype(s.raster_order)>(p.raster);
+  if constexpr (HasDecomposition<SchedulerArgs>::value) {
+    s.decomposition_mode = static_cast<decltype(s.decomposition_mode)>(p.decomposition);
+    s.splits = p.splits;
+  }
+}
+
+template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule, class Scheduler,
+          bool SfaMMajor>
 struct Fp8Gemm {
+  static constexpr bool kSfaMMajor = SfaMMajor;
+  using Scales = ScaleConfig<SfaMMajor>;
+  using LayoutSFA = decltype(Scales::deduce_layoutSFA());
+  using LayoutSFB = decltype(Scales::deduce_layoutSFB());
+
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, ElementOut, cutlass::layout::RowMajor,
@@ -65,13 +90,18 @@ inline int sm_count() {
 }
 
 // The layout of the M-major A scales [k/128, sfa_ld]: element (i, kb) at kb * sfa_ld + i. Built by hand because
-// ScaleConfig::tile_atom_to_shape_SFA would use stride m, which breaks TMA's 16-byte stride rule for m % 4 != 0.
-// The M extent is sfa_ld (not m) too: can_implement requires it to be a multiple of 4; rows m..sfa_ld-1 (zeroed by
-// the Python side) only scale accumulator rows >= m, which the epilogue never stores.
-inline LayoutSFA make_layout_sfa(int k, int sfa_ld) {
-  int kb = k / 128;
-  return make_layout(make_shape(make_shape(_1{}, sfa_ld), make_shape(_128{}, kb), 1),
-                     make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, sfa_ld), sfa_ld * kb));
+// tile_atom_to_shape_SFA would use stride m, which breaks TMA's 16-byte stride rule for m % 4 != 0. The M extent is
+// sfa_ld (not m) too: can_implement requires it to be a multiple of 4; rows m..sfa_ld-1 (zeroed by the Python side)
+// only scale accumulator rows >= m, which the epilogue never stores. K-major: CUTLASS's own [m, k/128] layout.
+template <class G>
+typename G::LayoutSFA make_layout_sfa(int m, int n, int k, int sfa_ld) {
+  if constexpr (G::kSfaMMajor) {
+    int kb = k / 128;
+    return make_layout(make_shape(make_shape(_1{}, sfa_ld), make_shape(_128{}, kb), 1),
+                       make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, sfa_ld), sfa_ld * kb));
+  } else {
+    return G::Scales::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+  }
 }
 
 // Packed stride of a [rows, ld] row-major operand in CUTLASS's (row, contiguous, batch) form: (ld, 1, rows*ld).
@@ -96,8 +126,8 @@ typename G::Arguments make_arguments(const CutlassFp8Args& p) {
   auto stride_b = packed_stride<StrideB>(p.n, p.k);
   auto stride_c = packed_stride<StrideC>(p.m, p.n);
   auto stride_d = packed_stride<StrideD>(p.m, p.n);
-  LayoutSFA layout_sfa = make_layout_sfa(p.k, p.sfa_ld);
-  LayoutSFB layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(p.m, p.n, p.k, 1));
+  auto layout_sfa = make_layout_sfa<G>(p.m, p.n, p.k, p.sfa_ld);
+  auto layout_sfb = G::Scales::tile_atom_to_shape_SFB(make_shape(p.m, p.n, p.k, 1));
 
   cutlass::KernelHardwareInfo hw;
   hw.sm_count = sm_count();
@@ -114,16 +144,14 @@ typename G::Arguments make_arguments(const CutlassFp8Args& p) {
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.beta;
+  set_scheduler(args.scheduler, p);
   return args;
 }
 
 template <class G>
-int64_t workspace_size(int m, int n, int k) {
-  CutlassFp8Args p{};
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.sfa_ld = (m + 3) / 4 * 4;
+int64_t workspace_size(const CutlassFp8Args& shape_and_knobs) {
+  CutlassFp8Args p = shape_and_knobs;
+  p.sfa_ld = (p.m + 3) / 4 * 4;
   auto args = make_arguments<G>(p);
   return static_cast<int64_t>(G::Gemm::get_workspace_size(args));
 }

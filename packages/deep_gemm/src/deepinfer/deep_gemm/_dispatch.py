@@ -14,9 +14,10 @@ from ._backend import ENV_VAR, backend
 
 FP8_DENSE_ENV = "DEEPINFER_DEEP_GEMM_FP8_DENSE"
 FP8_DENSE_CHOICES = ("auto", "triton", "cutlass")
-# What "auto" means for the dense FP8 GEMM. Triton until a GPU run has proven the CUTLASS kernel correct and faster
-# (tests/test_dg_fp8_cutlass.py, benchmarks/bench_deep_gemm.py); then flip to "cutlass".
-FP8_DENSE_AUTO = "triton"
+# What "auto" means for the dense FP8 GEMM: "per_shape" = `backends/cuda/cutlass_fp8.auto_config`'s choice between
+# the CUTLASS kernel (proven on the H200 in round 1: 95 GPU tests, 1.3-1.5x Triton at m > 128) and Triton (decode
+# m <= 16, short-k small m). "triton" restores the round-1 default.
+FP8_DENSE_AUTO = "per_shape"
 
 
 def use_triton(device: torch.device) -> bool:
@@ -34,7 +35,8 @@ def use_triton(device: torch.device) -> bool:
 
 
 def fp8_dense_impl(device: torch.device) -> str:
-    """Which kernel a CUDA `fp8_gemm_nt` call prefers, "cutlass" or "triton" (env DEEPINFER_DEEP_GEMM_FP8_DENSE).
+    """Which kernel a CUDA `fp8_gemm_nt` call prefers (env DEEPINFER_DEEP_GEMM_FP8_DENSE): "cutlass", "triton", or
+    "per_shape" (auto: `cutlass_fp8.auto_config(m, n, k)` picks a CUTLASS config or None = Triton).
 
     "cutlass" also needs DEEPINFER_DEEP_GEMM_BACKEND auto or cuda and a CUDA fast path for `device` (not the
     reference); whether `_C` has the kernel and the call fits it is `backends/cuda/cutlass_fp8.applies`'s to say
@@ -46,9 +48,9 @@ def fp8_dense_impl(device: torch.device) -> str:
         raise ValueError(f"{FP8_DENSE_ENV}: expected one of {'|'.join(FP8_DENSE_CHOICES)}, got {wanted!r}")
     if wanted == "auto":
         wanted = FP8_DENSE_AUTO
-    if wanted != "cutlass" or os.environ.get(ENV_VAR, "auto").strip().lower() not in ("", "auto", "cuda"):
+    if wanted == "triton" or os.environ.get(ENV_VAR, "auto").strip().lower() not in ("", "auto", "cuda"):
         return "triton"
-    return "cutlass" if backend(device) in ("cuda", "triton") else "triton"
+    return wanted if backend(device) in ("cuda", "triton") else "triton"
 
 
 def impl(name: str, device: torch.device, ref_fn):

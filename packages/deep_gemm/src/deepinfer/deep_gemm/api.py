@@ -117,9 +117,10 @@ def fp8_gemm_nt(
 
     Backend: the Triton block-scaled FP8 kernel (`backends/cuda/triton_fp8_gemm.py`, DeepGEMM-style promotion
     every 128 k) on CUDA for FP8 weights with k % 16 == 0; the reference for FP4 weights, other k, CPU, or
-    DEEPINFER_DEEP_GEMM_BACKEND=reference. With DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (opt-in until proven on a
-    GPU) the CUTLASS SM90 kernel (`backends/cuda/cutlass_fp8.py`) takes the calls it fits (bf16 out, bf16 or no
-    C, k % 128 == 0, n % 8 == 0). Never syncs with the host on the Triton or CUTLASS paths.
+    DEEPINFER_DEEP_GEMM_BACKEND=reference. The CUTLASS SM90 kernel (`backends/cuda/cutlass_fp8.py`, when `_C` was
+    built with it) takes the calls it fits (bf16 out, bf16 or no C, k % 128 == 0, n % 8 == 0) where
+    `cutlass_fp8.auto_config` says it is faster (m > 16; see there), or all of them with
+    DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (=triton: never). Never syncs with the host on the Triton or CUTLASS paths.
 
     a: (float8_e4m3fn [m, k], scales float32 | float8_e8m0fnu [m, ceil(k/128)]) — per-token 1x128 scales.
     b: (float8_e4m3fn [n, k], scales [ceil(n/128), ceil(k/128)]) — 128x128 block scales; or
@@ -140,10 +141,11 @@ def fp8_gemm_nt(
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
     if m == 0 or n == 0:  # nothing to compute (a CUDA graph capture must not see an empty launch either)
         return out
-    if _fp8_cutlass_ok(a_val, b_val, out, c):
+    cutlass_cfg = _fp8_cutlass_config(a_val, b_val, out, c)
+    if cutlass_cfg is not None:
         from .backends.cuda.cutlass_fp8 import fp8_gemm_nt_cutlass
 
-        return fp8_gemm_nt_cutlass(a_val, sfa, b_val, sfb, out, c)
+        return fp8_gemm_nt_cutlass(a_val, sfa, b_val, sfb, out, c, config=cutlass_cfg)
     if _fp8_triton_ok(a_val, b_val):
         from .backends.cuda.triton_fp8_gemm import fp8_gemm_nt_triton
 
@@ -151,14 +153,22 @@ def fp8_gemm_nt(
     return ref.fp8_gemm_nt(a_val, sfa, b_val, sfb, out, c)
 
 
-def _fp8_cutlass_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> bool:
-    """The CUTLASS FP8 GEMM takes this call: CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass, or "auto" once
-    `_dispatch.FP8_DENSE_AUTO` says so), built, and the operands fit it (bf16 out, bf16 or no C, k % 128, n % 8)."""
-    if not a.is_cuda or fp8_dense_impl(a.device) != "cutlass":
-        return False
+def _fp8_cutlass_config(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> int | None:
+    """The CUTLASS config this call runs, or None (Triton / reference): CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE:
+    "cutlass" always, "auto" per shape by `cutlass_fp8.auto_config`), built, and the operands fit it (bf16 out,
+    bf16 or no C, k % 128, n % 8)."""
+    if not a.is_cuda:
+        return None
+    choice = fp8_dense_impl(a.device)
+    if choice == "triton":
+        return None
     from .backends.cuda import cutlass_fp8
 
-    return cutlass_fp8.applies(a, b, out, c)
+    if not cutlass_fp8.applies(a, b, out, c):
+        return None
+    (m, k), n = a.shape, b.shape[0]
+    cfg = cutlass_fp8.auto_config(m, n, k) if choice == "per_shape" else cutlass_fp8.default_config(m, n, k)
+    return cfg if cfg is not None and cfg < cutlass_fp8.built_configs() else None
 
 
 def _fp8_triton_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -231,3 +241,8 @@ from .api_w4a16 import *  # noqa: E402,F401,F403  (bf16 x FP4-weight grouped GEM
 from .api_w4a16 import __all__ as _w4a16_all  # noqa: E402
 
 __all__ += list(_w4a16_all)
+
+from .api_w4a8 import *  # noqa: E402,F401,F403  (FP8 x FP4-weight grouped GEMM, the issue's W4A8 format)
+from .api_w4a8 import __all__ as _w4a8_all  # noqa: E402
+
+__all__ += list(_w4a8_all)

@@ -1,6 +1,7 @@
 """Route a validated sparse-attention call to a Triton kernel or the reference (api.py calls this).
 
-`backend(q.device)` decides between "triton" and "reference" (DEEPINFER_FLASH_MLA_BACKEND forces either).
+`backend(q.device)` decides between the GPU routes ("triton", or "cuda" when `_C` is built: the same routes) and
+"reference" (DEEPINFER_FLASH_MLA_BACKEND forces one).
 On the Triton backend:
 
 * bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn` (all heads per program,
@@ -33,7 +34,9 @@ def _kernel(name: str) -> types.ModuleType:
 
 def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
     """The path of a call with these tensors: "split", "legacy" or "reference" (see the module docstring)."""
-    if backend(q.device) != "triton":
+    # "cuda" (auto picks it once _C is built) runs the same Triton routes; the compiled kernel is chosen inside
+    # sparse_attn_split_triton (kernel="cuda" / DEFAULT_KERNELS), so a built _C never sends calls to the reference.
+    if backend(q.device) not in ("triton", "cuda"):
         return "reference"
     d = q.shape[-1]
     if d < 16 or d & (d - 1):

@@ -41,6 +41,8 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SCALE_FMTS = ("ue8m0", "fp32")
 _HADAMARD_MAX_N = 1024  # triton_hadamard.MAX_N (kept here so the CPU path never imports triton)
 
+PTGQ_TILE_ELEMS = 8192  # per_token_group_quant_fp8's Triton tile (elements per program)
+
 
 def _check_tensor(name: str, x: object, dtypes: tuple[torch.dtype, ...], min_dim: int = 1) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
@@ -76,10 +78,12 @@ def _fp8_fast(x: torch.Tensor, block: int) -> bool:
     return triton_float_ok(x) and block <= 4096 and block & (block - 1) == 0 and block >= 2
 
 
-def _fp8_triton(x: torch.Tensor, block: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fp8_triton(
+    x: torch.Tensor, block: int, mode: str, tile_elems: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     from .backends.cuda.triton_quant import fp8_group_quant_triton  # imports triton: only on this path
 
-    return fp8_group_quant_triton(x, block, mode)
+    return fp8_group_quant_triton(x, block, mode, tile_elems=tile_elems)
 
 
 def fp8_quant_ue8m0(x: torch.Tensor, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +180,8 @@ def per_token_group_quant_fp8(
     _check_block("group_size", group_size, x.shape[-1])
     fmt = _check_scale_fmt(scale_fmt)
     if _fp8_fast(x, group_size):
-        return _fp8_triton(x, group_size, "pow2" if fmt == "ue8m0" else "fp32")
+        # 8192-element tiles (8 warps by the launcher's rule): H200 round 1, [16384, 4096]: 1.06x over 4096
+        return _fp8_triton(x, group_size, "pow2" if fmt == "ue8m0" else "fp32", PTGQ_TILE_ELEMS)
     return _ref.per_token_group_quant_fp8(x, group_size, fmt)
 
 

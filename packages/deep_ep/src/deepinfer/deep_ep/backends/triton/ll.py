@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +25,8 @@ MAX_PEERS = 8
 # programs per local expert in the receive / combine-send kernels (each strides over that expert's rows);
 # 1 under the interpreter, which runs programs one after another (fewer programs, less Python overhead)
 NB_ROWS = 1 if os.environ.get("TRITON_INTERPRET") == "1" else 4
-SPIN_NEVER = -7  # compare value of the spinning CAS: never equal to a flag, so it never writes
+RECIP_448 = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))  # exactly an fp32 value
+SPIN_NEVER = tl.constexpr(-7)  # compare value of the spinning CAS: never equal to a flag, so it never writes
 
 
 @triton.jit
@@ -106,6 +108,62 @@ def signal(ctr: torch.Tensor, which: int, peers: list[torch.Tensor], rank: int, 
     _signal_kernel[(1,)](ctr, which, _peers8(peers), rank, off_flags, R=len(peers))
 
 
+@triton.jit
+def _send_rows(
+    x, s, idx, pid, peers, rank, per_rank, max_t, num_experts, xw, sw, off_x, off_s, off_meta, base,
+    R: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_S: tl.constexpr,
+    BLOCK_X: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Token `pid`'s k rows go to staging row ((e_local * R + rank) * max_t + j) of expert e's owner."""
+    tok = pid.to(tl.int64)
+    kk = tl.arange(0, BLOCK_K)
+    ids = tl.load(idx + tok * K + kk, mask=kk < K, other=-1)
+    j = tl.zeros((BLOCK_K,), dtype=tl.int64)  # earlier tokens of ours that chose the same expert
+    for start in range(0, pid, BLOCK_T):
+        toks = start + tl.arange(0, BLOCK_T)
+        for c in tl.static_range(K):
+            col = tl.load(idx + toks.to(tl.int64) * K + c, mask=toks < pid, other=-1)
+            j += tl.sum(((col[:, None] == ids[None, :]) & (col[:, None] >= 0)).to(tl.int64), axis=0)
+    cx = tl.arange(0, BLOCK_X)
+    xv = tl.load(x + tok * xw + cx, mask=cx < xw)
+    cs = tl.arange(0, BLOCK_S)
+    if HAS_S:  # constexpr: resolved at compile time, not a runtime branch
+        sv = tl.load(s + tok * sw + cs, mask=cs < sw)
+    cm = tl.arange(0, 2)
+    for slot in tl.static_range(K):
+        e = tl.sum(tl.where(kk == slot, ids, 0), axis=0)
+        jj = tl.sum(tl.where(kk == slot, j, 0), axis=0)
+        ok = (e >= 0) & (e < num_experts)
+        d = tl.where(ok, e // per_rank, -1)
+        row = ((e - d * per_rank) * R + rank) * max_t + jj
+        meta = tl.where(cm == 0, pid, slot).to(tl.int32)
+        for dd in tl.static_range(R):
+            go = d == dd
+            _store_peer(peers, dd, base + off_x + row * xw + cx, xv, _and(cx < xw, go))
+            if HAS_S:
+                _store_peer(peers, dd, base + off_s + row * sw + cs, sv, _and(cs < sw, go))
+            _store_peer(peers, dd, base + off_meta + row * 2 + cm, meta, _and(cm < 2, go))
+
+
+@triton.jit
+def _send_counts(
+    idx, q, t, peers, rank, per_rank, num_experts, off_cnt, base,
+    R: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Count program q: our rows per expert of BLOCK_E experts, into each owner's count row [rank, :]."""
+    eids = q * BLOCK_E + tl.arange(0, BLOCK_E)
+    cnt = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for start in range(0, t, BLOCK_T):
+        toks = start + tl.arange(0, BLOCK_T)
+        for c in tl.static_range(K):
+            col = tl.load(idx + toks.to(tl.int64) * K + c, mask=toks < t, other=-1)
+            cnt += tl.sum((col[:, None] == eids[None, :]).to(tl.int32), axis=0)
+    owner = eids // per_rank
+    for dd in tl.static_range(R):
+        at = base + off_cnt + rank * per_rank + (eids - owner * per_rank)
+        _store_peer(peers, dd, at, cnt, (eids < num_experts) & (owner == dd))
+
+
 @triton.jit(do_not_specialize=["t", "max_t"])  # one compile for every token count
 def _ll_send_kernel(
     x, s, idx, t, ctr, peers, rank, per_rank, max_t, num_experts, xw, sw,
@@ -113,50 +171,17 @@ def _ll_send_kernel(
     R: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_S: tl.constexpr,
     BLOCK_X: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
+    # The runtime if/else below only calls helpers and assigns nothing: Triton (3.6 at least) rejects a
+    # name assigned in both branches with different types, so the branches keep their names to themselves.
     pid = tl.program_id(0)
-    par = ((tl.load(ctr) + 1) % 2).to(tl.int64)
-    base = par * par_stride
-    kk = tl.arange(0, BLOCK_K)
-    if pid < t:  # token program: its k rows go to staging row ((e_local * R + rank) * max_t + j)
-        tok = pid.to(tl.int64)
-        ids = tl.load(idx + tok * K + kk, mask=kk < K, other=-1)
-        j = tl.zeros((BLOCK_K,), dtype=tl.int64)  # earlier tokens of ours that chose the same expert
-        for start in range(0, pid, BLOCK_T):
-            toks = start + tl.arange(0, BLOCK_T)
-            for c in tl.static_range(K):
-                col = tl.load(idx + toks.to(tl.int64) * K + c, mask=toks < pid, other=-1)
-                j += tl.sum(((col[:, None] == ids[None, :]) & (col[:, None] >= 0)).to(tl.int64), axis=0)
-        cx = tl.arange(0, BLOCK_X)
-        xv = tl.load(x + tok * xw + cx, mask=cx < xw)
-        cs = tl.arange(0, BLOCK_S)
-        if HAS_S:
-            sv = tl.load(s + tok * sw + cs, mask=cs < sw)
-        cm = tl.arange(0, 2)
-        for slot in tl.static_range(K):
-            e = tl.sum(tl.where(kk == slot, ids, 0), axis=0)
-            jj = tl.sum(tl.where(kk == slot, j, 0), axis=0)
-            ok = (e >= 0) & (e < num_experts)
-            d = tl.where(ok, e // per_rank, -1)
-            row = ((e - d * per_rank) * R + rank) * max_t + jj
-            meta = tl.where(cm == 0, pid, slot).to(tl.int32)
-            for dd in tl.static_range(R):
-                go = d == dd
-                _store_peer(peers, dd, base + off_x + row * xw + cx, xv, _and(cx < xw, go))
-                if HAS_S:
-                    _store_peer(peers, dd, base + off_s + row * sw + cs, sv, _and(cs < sw, go))
-                _store_peer(peers, dd, base + off_meta + row * 2 + cm, meta, _and(cm < 2, go))
-    else:  # count program: our rows per expert of BLOCK_E experts, into each owner's count row [rank, :]
-        eids = (pid - t) * BLOCK_E + tl.arange(0, BLOCK_E)
-        cnt = tl.zeros((BLOCK_E,), dtype=tl.int32)
-        for start in range(0, t, BLOCK_T):
-            toks = start + tl.arange(0, BLOCK_T)
-            for c in tl.static_range(K):
-                col = tl.load(idx + toks.to(tl.int64) * K + c, mask=toks < t, other=-1)
-                cnt += tl.sum((col[:, None] == eids[None, :]).to(tl.int32), axis=0)
-        d = eids // per_rank
-        for dd in tl.static_range(R):
-            at = base + off_cnt + rank * per_rank + (eids - d * per_rank)
-            _store_peer(peers, dd, at, cnt, (eids < num_experts) & (d == dd))
+    base = ((tl.load(ctr) + 1) % 2).to(tl.int64) * par_stride
+    if pid < t:
+        _send_rows(
+            x, s, idx, pid, peers, rank, per_rank, max_t, num_experts, xw, sw, off_x, off_s, off_meta, base,
+            R, K, BLOCK_K, HAS_S, BLOCK_X, BLOCK_S, BLOCK_T,
+        )  # fmt: skip
+    else:
+        _send_counts(idx, pid - t, t, peers, rank, per_rank, num_experts, off_cnt, base, R, K, BLOCK_T, BLOCK_E)
 
 
 @triton.jit(do_not_specialize=["max_t"])
@@ -337,7 +362,7 @@ def _e4m3_bits(q):
 @triton.jit(do_not_specialize=["t"])
 def _quant_kernel(
     x, vals, scales, t, hidden,
-    NBLK: tl.constexpr, ROUND: tl.constexpr, UE8M0: tl.constexpr, HW_CAST: tl.constexpr,
+    NBLK: tl.constexpr, ROUND: tl.constexpr, UE8M0: tl.constexpr, RECIP: tl.constexpr,
 ):  # fmt: skip
     """One token per program: per 128-channel block, scale = max(amax, 1e-4) / 448 (rounded up to a power
     of two when ROUND), values = clamp(x / scale, +-448) as e4m3 bits; scales fp32 or e8m0 bytes."""
@@ -348,17 +373,17 @@ def _quant_kernel(
     m = (b < hidden // 128)[:, None] & (c < 128)[None, :]
     a = tl.load(x + tok * hidden + offs, mask=m, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(a), axis=1)
-    sc = tl.math.div_rn(tl.maximum(amax, 1e-4), tl.zeros_like(amax) + 448.0)
+    if RECIP:  # torch on CUDA divides by a CPU scalar as a multiply by its fp32 reciprocal: same bits
+        sc = tl.maximum(amax, 1e-4) * RECIP_448
+    else:
+        sc = tl.math.div_rn(tl.maximum(amax, 1e-4), tl.zeros_like(amax) + 448.0)
     if ROUND:  # 2^ceil(log2(sc)), exactly: a power of two stays, anything else goes to the next one up
         sb = sc.to(tl.int32, bitcast=True)
         up = tl.where((sb & 0x7FFFFF) != 0, (sb & 0x7F800000) + 0x800000, sb & 0x7F800000)
         sc = up.to(tl.float32, bitcast=True)
     q = tl.math.div_rn(a, sc[:, None] + tl.zeros_like(a))
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    if HW_CAST:
-        code = q.to(tl.float8e4nv).to(tl.int8, bitcast=True)
-    else:
-        code = _e4m3_bits(q).to(tl.int8)
+    code = _e4m3_bits(q).to(tl.int8)  # by hand on every device: no double rounding through fp16 either
     tl.store(vals + tok * hidden + offs, code, mask=m)
     bm = b < hidden // 128
     if UE8M0:
@@ -371,7 +396,9 @@ def _quant_kernel(
 def quant_fp8(x: torch.Tensor, round_scale: bool, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference_ll.per_token_cast_to_fp8` in one launch (x [t, h] contiguous, h % 128 == 0), same bits.
 
-    The e4m3 cast is the hardware's on a GPU and rounded by hand under the interpreter (which truncates).
+    The e4m3 cast is rounded by hand (nearest even; the interpreter's own cast truncates). The scale follows
+    torch's arithmetic on the device: amax / 448 on CPU, amax * fp32(1 / 448) on CUDA (torch turns a division
+    by a CPU scalar into a multiply there), so the bits match `per_token_cast_to_fp8` on both.
     """
     t, hidden = x.shape
     vals = torch.empty((t, hidden), dtype=torch.float8_e4m3fn, device=x.device)
@@ -380,6 +407,6 @@ def quant_fp8(x: torch.Tensor, round_scale: bool, use_ue8m0: bool) -> tuple[torc
     if t:
         _quant_kernel[(t,)](
             x, vals.view(torch.int8), scales.view(torch.uint8) if use_ue8m0 else scales, t, hidden,
-            NBLK=_p2(hidden // 128), ROUND=round_scale, UE8M0=use_ue8m0, HW_CAST=x.device.type == "cuda",
+            NBLK=_p2(hidden // 128), ROUND=round_scale, UE8M0=use_ue8m0, RECIP=x.device.type == "cuda",
         )  # fmt: skip
     return vals, scales

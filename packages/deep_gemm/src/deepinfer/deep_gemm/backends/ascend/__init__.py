@@ -19,11 +19,13 @@ signatures were checked against the torch_npu / CANN documentation (hiascend.com
 * `m_grouped_fp8_gemm_nt_contiguous`, `m_grouped_fp8_gemm_nt_masked` (and the `_fp8_fp4_` aliases) -> reference:
   same: `npu_grouped_matmul`'s quantised modes are int8 per-channel / per-token, not FP8 block scales
 * `grouped_gemm_nt_fp8` -> reference: same
+* `m_grouped_fp8_fp4_gemm_nt_offsets` (W4A8, offsets layout) -> reference: same
 """
 
 from __future__ import annotations
 
 from ... import reference as _ref
+from ... import reference_w4a8 as _ref_w4a8
 from ... import reference_w4a16 as _ref_w4a16
 from . import ops as _ops
 from ._core import AscendOp, describe, make_dispatch, markdown_table
@@ -51,6 +53,9 @@ def _build() -> dict[str, AscendOp]:
             note="FP4 -> bf16 [k, n] per non-empty group, group_list = cumulative ends, split_item=3, 32 groups a call",
         ),
         "grouped_gemm_nt_fp8": AscendOp("grouped_gemm_nt_fp8", _ref.grouped_gemm_nt_fp8, note=_FP8),
+        "m_grouped_fp8_fp4_gemm_nt_offsets": AscendOp(
+            "m_grouped_fp8_fp4_gemm_nt_offsets", _ref_w4a8.m_grouped_fp8_fp4_gemm_nt_offsets, note=_GFP8
+        ),
     }
     for name in ("fp8_gemm_nt", "fp8_fp4_gemm_nt"):
         t[name] = AscendOp(name, _ref.fp8_gemm_nt, note=_FP8)

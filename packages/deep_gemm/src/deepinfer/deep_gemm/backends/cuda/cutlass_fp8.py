@@ -10,15 +10,20 @@ c: optional bf16 [m, n] (may alias out). Requirements (`applies` / `check_cutlas
 (the kernel assumes whole scale blocks), n % 8 == 0 (16-byte output rows for TMA), contiguous operands with
 16-byte aligned data pointers, sm_90 device, and an extension built with CUTLASS (`available()`).
 
-Scale layout. The kernel loads A's scales by TMA, which needs them M-major: `sfa_mn_major` writes sfa^T into a
-[k/128, ceil(m/4)*4] fp32 buffer (row stride padded to 16 bytes, padding zeroed). Cost: one small copy kernel
-reading and writing m*k/128*4 bytes (0.9 MB for m = 4096, k = 7168; ~1-3 us, mostly launch) per call, plus a
-zero-fill when m % 4 != 0. A caller that keeps its activation scales M-major can pass them with
-`sfa_is_mn_major=True` (contiguous fp32 [k/128, ld], ld >= m, ld % 4 == 0; columns >= m are ignored) to skip it.
+Scale layout. Configs 2-4 read A's scales K-major, i.e. the API's [m, k/128] as is (float32 contiguous; e8m0 is
+expanded to float32 first), by cp.async from the producer warp that loads B's scales anyway: no per-call transform.
+Configs 0-1 load them by TMA, which needs them M-major: `sfa_mn_major` writes sfa^T into a [k/128, ceil(m/4)*4]
+fp32 buffer (row stride padded to 16 bytes, padding zeroed). Cost: an allocation plus one small copy kernel (and a
+zero-fill when m % 4 != 0) per call, measured at 2-3 us on the H200 (3-10 % of the call at m >= 4096 in round 1).
+A caller that keeps its activation scales M-major can pass them with `sfa_is_mn_major=True` (contiguous fp32
+[k/128, ld], ld >= m, ld % 4 == 0; columns >= m are ignored) to skip it (configs 2-4 then transpose back).
 B's scales are read K-major as given (cp.async, one 4-byte load per 128x128 block).
 
-Configs (csrc/cuda/cutlass/dg_cutlass_fp8.h): 0 = 128x128x128 cooperative, cluster 1x2, stream-K (k is split
-across CTAs when there are fewer tiles than SMs: small m); 1 = 64x128x128 ping-pong, persistent. Default 0.
+Configs (csrc/cuda/cutlass/dg_cutlass_fp8.h, `CONFIGS`): 0/2 = 128x128x128 cooperative, cluster 1x2, stream-K
+(k is split across CTAs when there are fewer tiles than SMs: small m); 3 = the same with cluster 2x1; 1/4 =
+64x128x128 ping-pong, persistent. Runtime tile-scheduler knobs (no extra instantiation): raster (0 heuristic,
+1 along M, 2 along N), swizzle (1/2/4/8), and for the stream-K configs decomposition (0 heuristic, 1 data-parallel,
+2 split-K, 3 stream-K) with splits. `auto_config(m, n, k)` is the per-shape choice of the API's auto dispatch.
 Launch cost: the host builds TMA descriptors per call (a few us of CPU; the GPU work is asynchronous). The
 workspace (stream-K partial sums) comes from torch's caching allocator. Never syncs with the host.
 """
@@ -44,9 +49,25 @@ __all__ = [
     "sfa_mn_major",
     "CONFIGS",
     "default_config",
+    "auto_config",
+    "built_configs",
+    "check_knobs",
+    "AUTO_SFA_K_MAJOR",
 ]
 
-CONFIGS = {0: "128x128x128 cooperative 1x2 stream-K", 1: "64x128x128 ping-pong 1x1 persistent"}
+CONFIGS = {
+    0: "128x128x128 cooperative 1x2 stream-K, M-major A scales",
+    1: "64x128x128 ping-pong 1x1 persistent, M-major A scales",
+    2: "128x128x128 cooperative 1x2 stream-K, K-major A scales",
+    3: "128x128x128 cooperative 2x1 stream-K, K-major A scales",
+    4: "64x128x128 ping-pong 1x1 persistent, K-major A scales",
+}
+K_MAJOR_SFA = frozenset({2, 3, 4})  # configs that read the API's [m, k/128] A scales as is
+STREAM_K = frozenset({0, 2, 3})  # configs whose scheduler takes decomposition / splits
+# The auto dispatch's configs use K-major A scales (2 / 4: no per-call transpose): configs 2-4 passed
+# tests/test_dg_fp8_cutlass.py on the H200 and measured as fast as 0 / 1 at large m and faster at m <= 128
+# (pingpong_k 12.8 vs 15.0 us at 128 x 1024 x 4096, 2026-11-30); False restores the M-major configs 0 / 1.
+AUTO_SFA_K_MAJOR = True
 _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.deep_gemm"
 _FP8 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
@@ -97,10 +118,37 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def default_config(m: int, n: int) -> int:
-    """The tile config for an (m, n) problem. Config 0 everywhere until the GPU benchmark says otherwise."""
-    del m, n
-    return 0
+def auto_config(m: int, n: int, k: int) -> int | None:
+    """The CUTLASS config the API's auto dispatch runs for an (m, n, k) problem, or None for the Triton kernel.
+
+    From the round-1 H200 benchmark (README, benchmarks/results): Triton is fastest at decode m <= 16 (12.2 vs
+    15.4 us at 1 x 1024 x 4096) and at m <= 128 with short k (6.7 vs 9.7 us at 64 x 8192 x 1024: few k blocks,
+    CUTLASS's prologue and launch dominate); 64x128 ping-pong wins the other m <= 128 shapes (14.8 vs 16.4 us at
+    64 x 1024 x 4096); the 128x128 cooperative kernel wins every m > 128 shape (1.3-1.5x Triton).
+    """
+    del n
+    if m <= 16:
+        return None
+    if m <= 128:
+        if k < (2048 if AUTO_SFA_K_MAJOR else 4096):  # the transpose's ~2 us decides k = 2048
+            return None
+        return 4 if AUTO_SFA_K_MAJOR else 1
+    return 2 if AUTO_SFA_K_MAJOR else 0
+
+
+def default_config(m: int, n: int, k: int = 4096) -> int:
+    """The tile config `fp8_gemm_nt_cutlass` uses when none is given: `auto_config`, or for the shapes auto leaves
+    to Triton the ping-pong kernel (small m)."""
+    cfg = auto_config(m, n, k)
+    if cfg is None:
+        cfg = 4 if AUTO_SFA_K_MAJOR else 1
+    return cfg
+
+
+def built_configs() -> int:
+    """How many configs the loaded `_C` has (a `_C` built before configs 2-4 existed has 2); 0 without `_C`."""
+    mod = _module()
+    return 0 if mod is None else int(getattr(mod, "cutlass_fp8_configs", 2))
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -183,10 +231,39 @@ def _check_mn_major_sfa(sfa: torch.Tensor, m: int, k: int) -> None:
     _require(_aligned(sfa), f"sfa (M-major): expected a 16-byte aligned data pointer, got {sfa.data_ptr():#x}")
 
 
-@functools.lru_cache(maxsize=256)
-def _workspace_bytes(config: int, m: int, n: int, k: int, device_index: int) -> int:
+@functools.lru_cache(maxsize=512)
+def _workspace_bytes(config: int, m: int, n: int, k: int, device_index: int, knobs: tuple[int, ...]) -> int:
     del device_index  # part of the key: stream-K sizing depends on the device's SM count
-    return int(_module().cutlass_fp8_workspace_size(config, m, n, k))
+    extra = dict(zip(_KNOBS, knobs)) if knobs != _DEFAULT_KNOBS else {}  # a round-1 _C takes no knobs
+    return int(_module().cutlass_fp8_workspace_size(config, m, n, k, **extra))
+
+
+_KNOBS = ("raster", "swizzle", "decomposition", "splits")
+_DEFAULT_KNOBS = (0, 1, 0, 1)
+
+
+def check_knobs(config: int, raster: int, swizzle: int, decomposition: int, splits: int, built: int) -> None:
+    """Raise ValueError (argument, expected, got) unless `config` (of `built` compiled ones) takes these knobs."""
+    if config not in CONFIGS or config >= built:
+        raise ValueError(f"config: expected one of {list(range(min(built, len(CONFIGS))))} (built), got {config}")
+    if raster not in (0, 1, 2):
+        raise ValueError(f"raster: expected 0 (heuristic), 1 (along M) or 2 (along N), got {raster}")
+    if swizzle not in (1, 2, 4, 8):
+        raise ValueError(f"swizzle: expected 1, 2, 4 or 8, got {swizzle}")
+    if decomposition not in (0, 1, 2, 3) or not 1 <= splits <= 64:
+        raise ValueError(f"decomposition/splits: expected 0..3 and 1..64, got {decomposition}/{splits}")
+    if (decomposition, splits) != (0, 1) and config not in STREAM_K:
+        raise ValueError(
+            f"decomposition/splits: config {config} has no stream-K scheduler, got {decomposition}/{splits}"
+        )
+
+
+def _scales_for(config: int, sfa: torch.Tensor, m: int, sfa_is_mn_major: bool) -> torch.Tensor:
+    """The A-scale buffer config `config` reads: K-major fp32 [m, k/128] or M-major fp32 [k/128, ld]."""
+    if config in K_MAJOR_SFA:
+        sfa_k = sfa[:, :m].t() if sfa_is_mn_major else sfa
+        return sfa_k.to(torch.float32).contiguous()  # no copy when already fp32 contiguous (the API's layout)
+    return sfa if sfa_is_mn_major else sfa_mn_major(sfa)
 
 
 def fp8_gemm_nt_cutlass(
@@ -199,11 +276,16 @@ def fp8_gemm_nt_cutlass(
     *,
     config: int | None = None,
     sfa_is_mn_major: bool = False,
+    raster: int = 0,
+    swizzle: int = 1,
+    decomposition: int = 0,
+    splits: int = 1,
 ) -> torch.Tensor:
     """out = c + dequant(a, sfa) @ dequant(b, sfb)^T through CUTLASS; see the module docstring for shapes.
 
     a [m, k] e4m3, sfa [m, k/128] (or [k/128, ld] fp32 with sfa_is_mn_major), b [n, k] e4m3,
-    sfb [ceil(n/128), k/128], out bf16 [m, n], c optional bf16 [m, n]. Returns out.
+    sfb [ceil(n/128), k/128], out bf16 [m, n], c optional bf16 [m, n]. config None -> `default_config(m, n, k)`;
+    raster / swizzle / decomposition / splits: the tile scheduler's runtime knobs (module docstring). Returns out.
     """
     mod = _module()
     if mod is None:
@@ -215,20 +297,22 @@ def fp8_gemm_nt_cutlass(
         check_cutlass_args(a, sfa.t()[:m], b, sfb, out, c)  # the [m, k/128] view: same checks as the API layout
     else:
         check_cutlass_args(a, sfa, b, sfb, out, c)
-    cfg = default_config(m, n) if config is None else config
-    if cfg not in CONFIGS:
-        raise ValueError(f"config: expected one of {sorted(CONFIGS)}, got {config}")
+    cfg = default_config(m, n, k) if config is None else config
+    check_knobs(cfg, raster, swizzle, decomposition, splits, built_configs())
     if m == 0 or n == 0:
         return out
-    sfa_t = sfa if sfa_is_mn_major else sfa_mn_major(sfa)
+    sfa_k = _scales_for(cfg, sfa, m, sfa_is_mn_major)
     sfb32 = sfb if sfb.dtype == torch.float32 else sfb.float()
     src = c if c is not None else out  # beta = 0: C is never read, but CUTLASS wants a valid pointer
+    knobs = (raster, swizzle, decomposition, splits)
+    extra = dict(zip(_KNOBS, knobs)) if knobs != _DEFAULT_KNOBS else {}
+    sfa_ld = sfa_k.shape[1] if cfg not in K_MAJOR_SFA else -(-m // 4) * 4  # ignored by the K-major configs
     with torch.cuda.device(a.device):  # CUTLASS queries the current device (SM count) and launches on it
-        nbytes = _workspace_bytes(cfg, m, n, k, torch.cuda.current_device())
+        nbytes = _workspace_bytes(cfg, m, n, k, torch.cuda.current_device(), knobs)
         ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=a.device)
         stream = torch.cuda.current_stream(a.device).cuda_stream
         mod.cutlass_fp8_gemm(
-            cfg, a.data_ptr(), sfa_t.data_ptr(), b.data_ptr(), sfb32.data_ptr(), src.data_ptr(), out.data_ptr(),
-            m, n, k, sfa_t.shape[1], 1.0 if c is not None else 0.0, ws.data_ptr(), stream,
+            cfg, a.data_ptr(), sfa_k.data_ptr(), b.data_ptr(), sfb32.data_ptr(), src.data_ptr(), out.data_ptr(),
+            m, n, k, sfa_ld, 1.0 if c is not None else 0.0, ws.data_ptr(), stream, **extra,
         )  # fmt: skip
     return out

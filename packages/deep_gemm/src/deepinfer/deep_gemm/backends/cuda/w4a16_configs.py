@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-__all__ = ["W4A16Config", "DECODE", "PREFILL", "V3_DECODE", "SWEEP", "default_config", "parse_config", "rows_per_group"]
+__all__ = [
+    "W4A16Config", "DECODE", "PREFILL", "PREFILL_256", "V3_DECODE", "SWEEP", "default_config", "parse_config",
+    "rows_per_group",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,11 @@ DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3)
 # prefill cases (e.g. 32 x 256 tokens gate+up: 7.2 ms vs 7.8 ms for kernel 1 with the same tiles).
 PREFILL = W4A16Config(128, 128, 128, num_warps=8, num_stages=3, kernel=2)
 MID = W4A16Config(64, 128, 128, num_warps=4, num_stages=3)  # 17..96 rows per group
+# >= 160 rows per group: 256-row tiles (an expert of 160-256 rows is ONE row tile: each weight dequantised once).
+# Measured on the H200 (round 1, build/gpu-r1/call1/bench-deep_gemm.json): ~10 % faster than PREFILL on all four
+# prefill cases (32 x 256 tokens gate+up: 258 vs 233 TFLOPS; 256 tokens per expert: 310 vs 286).
+PREFILL_256 = W4A16Config(256, 128, 128, num_warps=8, num_stages=2, kernel=2)
+PREFILL_256_MIN_ROWS = 160  # below, a 256-row tile is mostly padding and PREFILL's 128-row tiles win
 # Kernel 3 on the decode tiles (exact on the full scale domain): the candidate decode default, pending the GPU
 # sweep (the lead switches DECODE to the fastest correct kernel-3 config of `meta.w4a16_best`).
 V3_DECODE = W4A16Config(16, 64, 128, num_warps=2, num_stages=3, kernel=3)
@@ -117,7 +125,7 @@ SWEEP: dict[str, tuple[W4A16Config, ...]] = {
         W4A16Config(128, 128, 128, num_warps=8, num_stages=3),  # kernel 1 with the prefill tiles
         # 256-row tiles: a 192-256-row expert is ONE row tile, so each weight is dequantised once instead of twice
         # (sm_90a compile, Triton 3.9: 254 registers, 40 bytes of spills, 148 KB shared; 3 stages spill more)
-        W4A16Config(256, 128, 128, num_warps=8, num_stages=2, kernel=2),
+        PREFILL_256,
     ),
 }
 
@@ -134,11 +142,12 @@ def rows_per_group(m: int, g: int, expected_m: int | None = None) -> int:
 def default_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config:
     """Config for a grouped GEMM of m rows over g groups, from metadata only (see the module docstring).
 
-    <= 16 rows per group: DECODE; 17..96: MID (64-row tiles); more: PREFILL (128-row tiles).
+    <= 16 rows per group: DECODE; 17..96: MID (64-row tiles); 97..159: PREFILL (128-row tiles); >= 160:
+    PREFILL_256 (256-row tiles).
     """
     rows = rows_per_group(m, g, expected_m)
     if rows <= 16:
         return DECODE
     if rows <= 96:
         return MID
-    return PREFILL
+    return PREFILL_256 if rows >= PREFILL_256_MIN_ROWS else PREFILL

@@ -4,11 +4,15 @@ Same contract and result layout as the Triton kernels (`topk_triton_v3`): int32 
 order, then -1 padding; ragged form through `starts` (ids relative to starts[r]). One CTA of 512 threads per
 row, radix select over a unique 64-bit key (value image, then the column, so the lower column wins ties):
 
-* one_read=True (default): one pass over the row builds a 4096-bin histogram of the top 12 key bits and,
-  tile by tile, keeps in shared memory every entry at or above the bucket of the k-th best entry seen so far
-  (a lower bound of the final threshold bucket); the remaining digits are then resolved in shared memory.
-  Rows whose kept entries overflow the buffer (ascending rows, heavy ties) fall back to the two-pass path.
-* one_read=False: the histogram pass, then a second pass (mostly from L2 at n <= 65,536) that writes every
+* mode="fast" (DEFAULT_MODE, round 2): one pass over the row; an entry is counted in the 4096-bin histogram of
+  the top 12 key bits and kept in shared memory only when it is at or above bmin, the bucket of the k-th best
+  entry counted so far (refreshed after tiles 0-3, then every 4th tile), so after the first tiles almost every
+  entry costs a compare and a warp vote; the next tile's loads are in flight while a tile is processed. The
+  remaining digits are then resolved in shared memory. Rows whose kept entries overflow the buffer (ascending
+  rows, heavy ties) fall back to the two-pass path.
+* mode="one_read" (round 1's default): the same one-read scheme with every entry counted (one shared atomic per
+  entry) and a threshold refresh, plus a second visit of the registers, after every tile; no prefetch.
+* mode="two_pass": the histogram pass, then a second pass (mostly from L2 at n <= 65,536) that writes every
   entry above the threshold bucket and keeps the bucket's entries in shared memory.
 
 Rows whose threshold bucket alone overflows the buffer (heavy ties) take extra histogram passes over the row.
@@ -25,9 +29,11 @@ import types
 
 import torch
 
-__all__ = ["DEFAULT_CAP", "available", "topk_cuda"]
+__all__ = ["DEFAULT_CAP", "DEFAULT_MODE", "MODES", "available", "choose_split", "topk_cuda", "topk_cuda_split"]
 
 DEFAULT_CAP = 8192  # shared-memory candidate slots per CTA: 64 KB; 2 CTAs of 512 threads per SM
+MODES = {"two_pass": 0, "one_read": 1, "fast": 2}  # the kernel's MODE codes (topk_radix_kernel.cuh)
+DEFAULT_MODE = "fast"  # what the API runs; "one_read" is round 1's H200-validated kernel
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -68,6 +74,7 @@ def topk_cuda(
     cap: int | None = None,
     vectorize: bool = True,
     one_read: bool = True,
+    mode: str | None = None,
 ) -> torch.Tensor:
     """Exact row-wise top-k ids (unsorted), same arguments and result as `topk_triton_v3`.
 
@@ -77,12 +84,16 @@ def topk_cuda(
         out: optional int32 [b, k] buffer (any strides); every slot is written.
         cap: shared-memory candidate slots (default min(DEFAULT_CAP, n)); tests shrink it to force the
             extra row passes of tie-heavy rows. vectorize: False forces scalar loads (tests).
-        one_read: the one-read kernel (default) or the two-pass one (see the module docstring).
+        mode: "fast" / "one_read" / "two_pass" (see the module docstring); None: DEFAULT_MODE, or "two_pass"
+            when one_read=False (round 1's switch, kept for callers).
 
     Returns:
         int32 [b, k]: chosen ids in slots 0 .. min(k, len) - 1 (any order), then -1.
     Never syncs with the host (CUDA-graph safe).
     """
+    mode = (DEFAULT_MODE if one_read else "two_pass") if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {sorted(MODES)}, got {mode!r}")
     mod = _module()
     if mod is None:
         raise RuntimeError("deep_select: the CUDA kernel needs deepinfer.deep_select._C (DEEPINFER_DEVICE=cuda build)")
@@ -111,7 +122,129 @@ def topk_cuda(
         mod.topk_radix(
             scores.data_ptr(), _DTYPE_CODE[scores.dtype], b, n, scores.stride(0),
             0 if lengths is None else lengths.data_ptr(), 0 if starts is None else starts.data_ptr(),
-            out.data_ptr(), k, out.stride(0), out.stride(1), cap, vectorize and _vector_ok(scores), one_read,
+            out.data_ptr(), k, out.stride(0), out.stride(1), cap, vectorize and _vector_ok(scores), MODES[mode],
+            1, 0, 0, torch.cuda.current_stream(scores.device).cuda_stream,
+        )  # fmt: skip
+    return out
+
+
+def choose_split(b: int, n: int, k: int, num_sms: int) -> int:
+    """Segments per row for `topk_cuda_split` (1 = no split): enough CTAs to fill the GPU at 2 per SM, and about
+    sqrt(n / k) segments so that a segment's pass (n / segs entries) and the merge's (segs x k candidates) cost
+    about the same. Rows shorter than 16,384 or k > n / 8 never split."""
+    if n < 16384 or 8 * k > n:
+        return 1
+    segs = min((2 * num_sms) // max(b, 1), int((n / k) ** 0.5), 64)
+    return segs if segs >= 2 else 1
+
+
+def topk_cuda_split(
+    scores: torch.Tensor,
+    k: int,
+    segs: int,
+    *,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    cap: int | None = None,
+    vectorize: bool = True,
+) -> torch.Tensor:
+    """`topk_cuda` for few long rows: each row cut into `segs` segments, one CTA each (fast mode), writing its
+    segment's top k as row ids to a [b * segs, k] scratch; then one merge CTA per row selects among those
+    segs x k ids by the values they name (the key's column part is the id, so ties still go to the lower column).
+    Row-wise calls only (no starts). Same result as `topk_cuda`.
+
+    Args:
+        scores: [b, n] fp32 / bf16 / fp16 on CUDA; k >= 1; segs >= 1 (1 = `topk_cuda`);
+        lengths: int32 [b] or None; out: optional int32 [b, k]; cap / vectorize as in `topk_cuda`.
+
+    Returns:
+        int32 [b, k]: chosen ids in slots 0 .. min(k, len) - 1 (any order), then -1.
+    """
+    if segs < 1:
+        raise ValueError(f"segs: expected >= 1, got {segs}")
+    if segs == 1:
+        return topk_cuda(scores, k, lengths=lengths, out=out, cap=cap, vectorize=vectorize, mode="fast")
+    stage1 = topk_cuda_stage1(scores, k, segs, lengths=lengths, cap=cap, vectorize=vectorize)
+    return topk_cuda_merge(scores, k, stage1, lengths=lengths, out=out, cap=cap, vectorize=vectorize)
+
+
+def _launch(mod: types.ModuleType, scores: torch.Tensor, b: int, lengths, out, k, cap, vec, segs, gather, m) -> None:
+    with torch.cuda.device(scores.device):
+        mod.topk_radix(
+            scores.data_ptr(), _DTYPE_CODE[scores.dtype], b, scores.shape[1], scores.stride(0),
+            0 if lengths is None else lengths.data_ptr(), 0, out.data_ptr(), k, out.stride(0), out.stride(1), cap,
+            vec, MODES["fast"], segs, 0 if gather is None else gather.data_ptr(), m,
             torch.cuda.current_stream(scores.device).cuda_stream,
         )  # fmt: skip
+
+
+def _checked(scores: torch.Tensor, k: int, lengths: torch.Tensor | None) -> tuple[torch.Tensor, object]:
+    mod = _module()
+    if mod is None:
+        raise RuntimeError("deep_select: the CUDA kernel needs deepinfer.deep_select._C (DEEPINFER_DEVICE=cuda build)")
+    if scores.dim() != 2 or scores.dtype not in _DTYPE_CODE or scores.device.type != "cuda":
+        raise ValueError(f"scores: expected CUDA [b, n] fp32 / bf16 / fp16, got {scores.dtype} {tuple(scores.shape)}")
+    if k < 1 or scores.shape[1] >= 2**31:
+        raise ValueError(f"expected k >= 1 and n < 2^31, got k={k}, n={scores.shape[1]}")
+    if scores.stride(1) != 1 and scores.shape[1] > 1:
+        scores = scores.contiguous()
+    return scores, mod
+
+
+def topk_cuda_stage1(
+    scores: torch.Tensor,
+    k: int,
+    segs: int,
+    *,
+    lengths: torch.Tensor | None = None,
+    cap: int | None = None,
+    vectorize: bool = True,
+) -> torch.Tensor:
+    """The split's first stage: int32 [b, segs * k], segment s's top k as row ids in columns s*k .. s*k + k - 1
+    (-1 padded); segments are ceil(n / segs) rounded up to 8 columns."""
+    scores, mod = _checked(scores, k, lengths)
+    b, n = scores.shape
+    lengths = _int32_vec("lengths", lengths, b)
+    seg = -(-n // segs)
+    seg = (seg + 7) // 8 * 8
+    cap = max(1, min(DEFAULT_CAP, seg)) if cap is None else cap
+    if not 1 <= cap <= DEFAULT_CAP:
+        raise ValueError(f"cap: expected 1 .. {DEFAULT_CAP}, got {cap}")
+    stage1 = torch.empty((b * segs, k), dtype=torch.int32, device=scores.device)
+    if b > 0:
+        _launch(mod, scores, b, lengths, stage1, k, cap, vectorize and _vector_ok(scores), segs, None, 0)
+    return stage1.view(b, segs * k)
+
+
+def topk_cuda_merge(
+    scores: torch.Tensor,
+    k: int,
+    cand: torch.Tensor,
+    *,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    cap: int | None = None,
+    vectorize: bool = True,
+) -> torch.Tensor:
+    """The split's merge: the top min(k, length) of row r among the ids cand[r] (int32 [b, m], -1 = none; every
+    id < lengths[r]; together a superset of the row's top k), by value then lower id. int32 [b, k], -1 padded."""
+    scores, mod = _checked(scores, k, lengths)
+    b = scores.shape[0]
+    lengths = _int32_vec("lengths", lengths, b)
+    if cand.dtype != torch.int32 or cand.dim() != 2 or cand.shape[0] != b:
+        raise ValueError(f"cand: expected int32 [{b}, m], got {cand.dtype} {tuple(cand.shape)}")
+    cand = cand.contiguous()
+    m = cand.shape[1]
+    if out is None:
+        out = torch.empty((b, k), dtype=torch.int32, device=scores.device)
+    elif out.dtype != torch.int32 or tuple(out.shape) != (b, k):
+        raise ValueError(f"out: expected int32 [{b}, {k}], got {out.dtype} {tuple(out.shape)}")
+    cap = max(1, min(DEFAULT_CAP, m)) if cap is None else cap
+    if not 1 <= cap <= DEFAULT_CAP:
+        raise ValueError(f"cap: expected 1 .. {DEFAULT_CAP}, got {cap}")
+    vec = vectorize and cand.data_ptr() % 16 == 0 and (m * 4) % 16 == 0
+    if b > 0 and m > 0:
+        _launch(mod, scores, b, lengths, out, k, cap, vec, 1, cand, m)
+    elif b > 0:
+        out.fill_(-1)
     return out

@@ -1,5 +1,6 @@
 """Selection behind the public API: the CUDA C++ kernel (`cuda_topk.py`) when `_C` was built and the backend
-is "cuda", else the Triton chain: split rows (few long rows), else v3, else v2, else v1.
+is "cuda" (its split `topk_cuda_split` for few long rows, see `cuda_topk.choose_split`, else one CTA per row in
+`cuda_topk.DEFAULT_MODE`), else the Triton chain: split rows (few long rows), else v3, else v2, else v1.
 
 The CUDA kernel, like every Triton kernel, falls back to the next one with one RuntimeWarning should it fail to
 launch. The API calls these only on CUDA tensors (or CPU tensors when the Triton backend is forced under
@@ -18,10 +19,13 @@ import warnings
 import torch
 
 from .cuda_topk import available as cuda_available
-from .cuda_topk import topk_cuda
+from .cuda_topk import choose_split, topk_cuda, topk_cuda_split
 
 __all__ = ["select_indices"]
 
+# Few long rows (b x 2 < 2 x SMs, n >= 16,384) run the CUDA split (`topk_cuda_split`): round 2, not yet
+# measured on the H200; set False to give those shapes to the one-CTA-per-row kernel again.
+SPLIT_ENABLED = True
 _FAILED: dict[str, str] = {}  # kernel name -> its first failure (that kernel is skipped from then on)
 
 
@@ -52,10 +56,27 @@ def select_indices(
     fits = scores.shape[1] < 2**31  # the CUDA kernel's column ids are int32 keys
     if impl == "cuda" and scores.is_cuda and fits and cuda_available() and "cuda" not in _FAILED:
         try:
-            return topk_cuda(scores, k, lengths=lengths, starts=starts, out=out)
+            return _select_cuda(scores, k, lengths, starts, out)
         except RuntimeError as exc:  # launch failure: report once, then the Triton chain serves
             _warn_failed("cuda", exc)
     return _select_triton(scores, k, lengths, starts, out)
+
+
+def _select_cuda(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The CUDA C++ kernel: split rows (few long rows, row-wise calls) when SPLIT_ENABLED, else one CTA per row."""
+    b, n = scores.shape
+    segs = 1
+    if SPLIT_ENABLED and starts is None:
+        segs = choose_split(b, n, k, _num_sms(scores.device.index or 0))
+    if segs > 1:
+        return topk_cuda_split(scores, k, segs, lengths=lengths, out=out)
+    return topk_cuda(scores, k, lengths=lengths, starts=starts, out=out)
 
 
 def _select_triton(

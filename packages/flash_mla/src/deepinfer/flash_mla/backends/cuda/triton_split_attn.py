@@ -315,6 +315,8 @@ def default_split_config(h: int, d: int, *, fp8: bool = False, kernel: str = "fu
     num_warps = 8 if block_h * d >= 64 * 256 else 4
     if kernel == "deferred" and d >= 512:  # two gathers per tile in flight: 64 x 2 needs 328 KiB of smem
         return block_h, 32, num_warps, 3  # (sm_90a compile, Triton 3.9: 196 KiB, no spills with BF16 rows)
+    if d >= 512 and fp8 and kernel == "chunked":  # H200 2026-11-30 (round 1), b = 128 s_q = 2: 64 x 2 111.5
+        return block_h, 64, num_warps, 2  # TFLOPS vs 32 x 3 83.5 (one 64-dim chunk live, 384 B of stack)
     if d >= 512 and fp8:
         return block_h, 32, num_warps, 3
     return block_h, 64, num_warps, 2 if d >= 512 else 3
@@ -390,8 +392,9 @@ def _buffers(
 _STAGES_CAP: dict[tuple, int] = {}
 
 
-# sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred
-KERNELS = ("fused", "chunked", "deferred")
+# sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred, and the
+# compiled sm_90a kernel (cuda_sparse_decode.py; needs _C, bf16 q, h % 64 == 0, d = 512, no extra cache)
+KERNELS = ("fused", "chunked", "deferred", "cuda")
 
 
 def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
@@ -409,8 +412,10 @@ def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
 
 
 # The kernel `sparse_attn_split_triton(kernel=None)` runs, per cache format ("fp8": any FP8 cache involved).
-# Switch an entry to "chunked" / "deferred" once the H200 run shows it faster and its GPU tests pass.
-DEFAULT_KERNELS = {"bf16": "fused", "fp8": "fused"}
+# "cuda" (the sm_90a wgmma kernel of csrc/cuda) passed its H200 tests and beat every Triton kernel at every decode
+# shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2); it falls back to
+# "fused" for a call it cannot take (no _C, an extra cache, q not bf16, h % 64, d != 512).
+DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
 
 
 def _pick_kernel(kernel: str | None, d: int, fp8: bool) -> str:
@@ -442,6 +447,30 @@ def _launch(
                 raise
             stages -= 1
             _STAGES_CAP[key] = stages
+
+
+def combine_splits(
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    sink: torch.Tensor | None,
+    out: torch.Tensor,
+    lse_out: torch.Tensor,
+    num_splits: int,
+    *,
+    bf16_rne: bool = False,
+) -> None:
+    """Merge split partials into out [t, h, d] (unit last stride) and lse_out fp32 [t, h] (natural log, sink in
+    the denominator). part_o fp32 [t * num_splits * h, d] = acc / l, part_lse fp32 [t * num_splits * h] = base-2
+    m + log2 l (-inf: empty split); also used by the CUDA kernel (`cuda_sparse_decode.py`)."""
+    t, h, d = out.shape
+    comb_h, comb_d = 2, min(d, 256)  # [2, 256] fp32 per program: 64 programs per token at V4 (b = 1 too)
+    comb_hb = triton.cdiv(h, comb_h)
+    _combine_kernel[(t * comb_hb * (d // comb_d),)](
+        part_o, part_lse, sink if sink is not None else lse_out, out, lse_out, h, num_splits,
+        out.stride(0), out.stride(1), lse_out.stride(0), lse_out.stride(1),
+        D=d, BLOCK_H=comb_h, BLOCK_D=comb_d, NUM_HB=comb_hb, HAS_SINK=sink is not None,
+        BF16_RNE=bf16_rne, num_warps=4,
+    )  # fmt: skip
 
 
 def sparse_attn_split_triton(
@@ -476,7 +505,8 @@ def sparse_attn_split_triton(
         kernel: None (DEFAULT_KERNELS for the cache format: "fused" today), "fused" (this module's kernel),
             "chunked" (`triton_split_chunked.py`: the tile in eight 64-dim chunks, FP8 scales applied per chunk;
             d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
-            across warpgroups). Same results up to rounding.
+            across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled sm_90a wgmma kernel; bf16 q,
+            h % 64 == 0, d = 512, no extra cache; raises otherwise). Same results up to rounding.
     """
     if q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"q: expected bf16/fp32 [t, h, d], got {q.dtype} {tuple(q.shape)}")
@@ -487,6 +517,18 @@ def sparse_attn_split_triton(
         raise ValueError("extra_kv and extra_indices must be given together")
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
+    fp8_any = kv.dtype == torch.uint8 or (extra_kv is not None and extra_kv.dtype == torch.uint8)
+    if (kernel if kernel is not None else DEFAULT_KERNELS["fp8" if fp8_any else "bf16"]) == "cuda":
+        from . import cuda_sparse_decode as cu  # imports this module: import here, not on top
+
+        why = cu.supports(q, kv, extra_kv) or ("config / dot_fp32 do not apply" if config or dot_fp32 else None)
+        if why is None:
+            return cu.sparse_attn_cuda(
+                q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits
+            )
+        if kernel == "cuda":
+            raise ValueError(f"kernel='cuda' cannot run this call: {why}")
+        kernel = "fused"  # the default names the CUDA kernel but this call does not fit it
     kv_f, kv_fp8 = _cache_rows("kv", kv, d)
     idx = _index_rows("indices", indices, t)
     has_extra = extra_kv is not None and extra_indices is not None
@@ -529,14 +571,7 @@ def sparse_attn_split_triton(
     )  # fmt: skip
     _launch((t * num_splits * num_hb,), args, consts, num_warps, num_stages, kernel)
     if num_splits > 1:
-        comb_h, comb_d = 2, min(d, 256)  # [2, 256] fp32 per program: 64 programs per token at V4 (b = 1 too)
-        comb_hb = triton.cdiv(h, comb_h)
-        _combine_kernel[(t * comb_hb * (d // comb_d),)](
-            part_o, part_lse, sink_arg, o_dst, lse_out, h, num_splits,
-            o_dst.stride(0), o_dst.stride(1), lse_out.stride(0), lse_out.stride(1),
-            D=d, BLOCK_H=comb_h, BLOCK_D=comb_d, NUM_HB=comb_hb, HAS_SINK=sink is not None,
-            BF16_RNE=bf16_rne, num_warps=4,
-        )  # fmt: skip
+        combine_splits(part_o, part_lse, sink, o_dst, lse_out, num_splits, bf16_rne=bf16_rne)
     if o_dst is not out:
         out.copy_(o_dst)
     return out, lse_out

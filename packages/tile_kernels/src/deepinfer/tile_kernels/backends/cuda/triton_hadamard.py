@@ -128,11 +128,19 @@ def _check(x: torch.Tensor) -> int:
     return n
 
 
-def hadamard_fp4_triton(x: torch.Tensor, scale: float | None = None, block: int = 32) -> torch.Tensor:
+def hadamard_fp4_triton(
+    x: torch.Tensor,
+    scale: float | None = None,
+    block: int = 32,
+    *,
+    tile_elems: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
     """fp4_quant_dequant_ue8m0(hadamard_transform(x, scale), block) in one pass, bit-exact to that composition
     (V4's indexer q / k simulation): x [..., n] fp32/bf16/fp16, any strides, n a power of two in [2, MAX_N];
     block a power of two in [2, n]. Returns x's shape and dtype (contiguous). Half the bytes of the two kernels
-    (the transformed rows never go to memory). No host sync."""
+    (the transformed rows never go to memory). tile_elems / num_warps: benchmark configs (elements per program, a
+    power of two >= n; None: TILE_ELEMS, one warp per 512 elements up to 8). No host sync."""
     n = _check(x)
     if isinstance(block, bool) or not isinstance(block, int) or not 2 <= block <= n or block & (block - 1):
         raise ValueError(f"block must be a power of two in [2, {n}], got {block!r}")
@@ -142,7 +150,7 @@ def hadamard_fp4_triton(x: torch.Tensor, scale: float | None = None, block: int 
         return out
     x2 = x.reshape(-1, n)
     rows = x2.shape[0]
-    br = max(1, min(TILE_ELEMS // n, triton.next_power_of_2(rows)))
+    br = max(1, min((tile_elems or TILE_ELEMS) // n, triton.next_power_of_2(rows)))
     _hadamard_fp4_kernel[(triton.cdiv(rows, br),)](
         x2,
         out,
@@ -156,7 +164,7 @@ def hadamard_fp4_triton(x: torch.Tensor, scale: float | None = None, block: int 
         BLOCK_R=br,
         IS_BF16=x.dtype == torch.bfloat16,
         HW_CAST=x.is_cuda,
-        num_warps=max(1, min(8, br * n // 512)),
+        num_warps=num_warps or max(1, min(8, br * n // 512)),
         enable_fp_fusion=False,
     )
     return out

@@ -38,6 +38,10 @@ __all__ = ["apply_rope_interleaved_triton"]
 MAX_BLOCK_C = 1024  # copied columns per step
 TILE_ELEMS = 4096  # most elements of one [BLOCK_M, BLOCK_C] copy tile (8 KB of bf16 per load)
 TARGET_PROGRAMS = 512  # shrink BLOCK_M (down to 1) until the grid has about this many programs
+# Inputs up to SMALL_ELEMS elements (kv [16384, 512]: 8M) take at most SMALL_BLOCK_M rows per program: H200
+# round 1, kv: 2 rows / 2 warps 1.06x over 8 / 8 (finer tail on a launch-bound 16 MB op); q keeps 8 / 8.
+SMALL_ELEMS = 1 << 24
+SMALL_BLOCK_M = 2
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -108,7 +112,8 @@ def _rope_kernel(
             x_row, tok, pm, k, ev, cos_ptr, sin_ptr, stride_ct, stride_ck, stride_st, stride_sk, stride_xd
         )
     if INVERSE:
-        s = -s
+        # flip the sign bit, as torch's negate (sin = 0 -> -0.0); a float `-s` may compile to 0 - s (+0.0)
+        s = (s.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
     tl.store(y_row[:, None] + ev[None, :], (a * c - b * s).to(y_ptr.dtype.element_ty), mask=pm)
     tl.store(y_row[:, None] + (ev + 1)[None, :], (a * s + b * c).to(y_ptr.dtype.element_ty), mask=pm)
 
@@ -123,6 +128,8 @@ def _blocks(rows: int, d: int, rope_dim: int) -> tuple[int, int, int, int]:
     bm = max(1, TILE_ELEMS // max(bc, triton.next_power_of_2(d)))
     while bm > 1 and triton.cdiv(rows, bm) < TARGET_PROGRAMS:
         bm //= 2
+    if rows * d <= SMALL_ELEMS:
+        bm = min(bm, SMALL_BLOCK_M)
     br = max(2, triton.next_power_of_2(rope_dim // 2))
     return bm, bc, br, max(1, min(8, bm * bc // 512))
 

@@ -1,0 +1,81 @@
+"""Public M-grouped GEMM with FP8 (e4m3) activations and FP4 (e2m1) weights, contiguous layout ("W4A8" experts).
+
+The issue's FP4-expert format: FP8 activations with per-128 fp32 scales, FP4 weights with per-32 E8M0 scales,
+converted to FP8 in registers and multiplied on the FP8 tensor cores (`backends/cuda/triton_fp4_fp8_grouped.py`).
+Not wired into the engine (FP8 activations change the numerics vs the bf16-activation W4A16 path).
+
+Dispatch as `api_w4a16.py`: CUDA tensors -> Triton unless DEEPINFER_DEEP_GEMM_BACKEND=reference; CPU tensors ->
+the PyTorch reference unless DEEPINFER_DEEP_GEMM_BACKEND=triton (needs TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference_w4a8 as ref
+from ._checks import check_pair, check_same_device, check_tensor
+from ._dispatch import use_triton
+from .backends.cuda.w4a8_configs import W4A8Config
+from .backends.cuda.w4a16_configs import rows_per_group
+
+__all__ = ["m_grouped_fp8_fp4_gemm_nt_offsets"]
+
+_PACKED = (torch.int8, torch.uint8)
+_E8M0 = (torch.float8_e8m0fnu, torch.uint8)
+
+
+def m_grouped_fp8_fp4_gemm_nt_offsets(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    offs: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    expected_m: int | None = None,
+    config: W4A8Config | None = None,
+) -> torch.Tensor:
+    """Grouped GEMM: out[r] = (a[0][r] * a[1][r]) @ W_i^T for the rows r of group i, W_i = dequant(b[i]) [n, k].
+
+    a: (values, scales). values: float8_e4m3fn [m, k], contiguous, rows sorted by group; scales: float32
+       [m, k/128] contiguous, one per row and 128 inputs.
+    b: (packed, scales). packed: int8 or uint8 [g, n, k/2], two e2m1 codes a byte (LOW nibble = element 2j);
+       scales: float8_e8m0fnu or uint8 (raw E8M0 byte, 2^(byte-127)) [g, n, k/32]. The Triton path is exact
+       (up to fp32 summation order) for scale bytes in [1, 254]; the reference for all.
+    offs: int32 [g], cumulative END row of each group (as `m_grouped_bf16_fp4_gemm_nt_contiguous`); empty groups
+       allowed; rows past offs[g-1] are left untouched. Validated (ValueError) only on the reference path.
+    out: bfloat16 [m, n], contiguous; allocated when None.
+    expected_m: optional rows-per-group hint (picks the tile; never read on the device).
+    config: optional `W4A8Config` for the Triton path (benchmark sweeps); None -> `default_w4a8_config`.
+    Requires k % 128 == 0 and n % 16 == 0. Accumulates in float32. Returns out [m, n].
+    """
+    values, sfa = check_pair("a", a)
+    check_tensor("a[0] (FP8 values)", values, (torch.float8_e4m3fn,), [None, None])
+    m, k = values.shape
+    packed, scales = check_pair("b", b)
+    check_tensor("b[0] (packed FP4)", packed, _PACKED, [None, None, None])
+    g, n, kb = packed.shape
+    if 2 * kb != k:
+        raise ValueError(f"K mismatch: a has K={k} but b[0] packs K = 2 * {kb} = {2 * kb}")
+    if k % 128 != 0:
+        raise ValueError(f"K must be a multiple of 128, got K={k}")
+    if n % 16 != 0:
+        raise ValueError(f"N must be a multiple of 16, got N={n}")
+    check_tensor("a[1] (activation scales)", sfa, (torch.float32,), [m, k // 128])
+    check_tensor("b[1] (E8M0 scales)", scales, _E8M0, [g, n, k // 32])
+    check_tensor("offs", offs, (torch.int32,), [g])
+    if out is not None:
+        check_tensor("out", out, (torch.bfloat16,), [m, n])
+    check_same_device(a=values, sfa=sfa, packed=packed, scales=scales, offs=offs, out=out)
+    rows_per_group(m, g, expected_m)  # validates the hint on every path
+    if config is not None and not isinstance(config, W4A8Config):
+        raise TypeError(f"config: expected a W4A8Config or None, got {type(config).__name__}")
+    if config is not None and k % (128 * config.split_k):
+        raise ValueError(f"config.split_k: expected 128 * split_k to divide K={k}, got {config.split_k}")
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=values.device)
+    if use_triton(values.device):
+        from .backends.cuda.triton_fp4_fp8_grouped import m_grouped_fp8_fp4_gemm_nt_offsets_triton
+
+        return m_grouped_fp8_fp4_gemm_nt_offsets_triton(
+            values, sfa, packed, scales, offs, out, config=config, expected_m=expected_m
+        )
+    return ref.m_grouped_fp8_fp4_gemm_nt_offsets(values, sfa, packed, scales, offs, out)
