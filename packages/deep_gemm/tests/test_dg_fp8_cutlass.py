@@ -178,17 +178,25 @@ def test_scales_for_each_config(mn_major_input: bool, e8m0: bool) -> None:
     assert cf._scales_for(2, fp32, m, False).data_ptr() == fp32.data_ptr()  # the API layout: no copy at all
 
 
-def test_auto_config() -> None:
-    """The per-shape choice: Triton (None) for decode and short-k small m, ping-pong for other m <= 128,
-    cooperative above; K-major configs only once AUTO_SFA_K_MAJOR is set."""
-    small, large = (4, 2) if cf.AUTO_SFA_K_MAJOR else (1, 0)
-    assert cf.auto_config(1, 4096, 8192) is None
-    assert cf.auto_config(16, 4096, 8192) is None
+def test_auto_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-shape choice measured on the H200 (see `auto_config`): Triton (None) for small m with short k,
+    K-major ping-pong (4) for the other small m, cooperative (2 / 0) for large m; M-major only when the flag is off."""
+    assert cf.AUTO_SFA_K_MAJOR
+    assert cf.auto_config(1, 8192, 1024) is None
+    assert cf.auto_config(1, 4096, 8192) == 4
     assert cf.auto_config(64, 8192, 1024) is None
-    assert cf.auto_config(64, 1024, 4096) == small
-    assert cf.auto_config(128, 4096, 8192) == small
-    assert cf.auto_config(129, 8192, 1024) == large
-    assert cf.auto_config(16384, 32768, 1024) == large
+    assert cf.auto_config(64, 32768, 1024) == 4
+    assert cf.auto_config(128, 1024, 4096) == 4
+    assert cf.auto_config(256, 4096, 2048) == 4
+    assert cf.auto_config(1024, 1024, 4096) == 4
+    assert cf.auto_config(1024, 4096, 2048) == 2
+    assert cf.auto_config(4096, 4096, 8192) == 0
+    assert cf.auto_config(16384, 32768, 1024) == 0
+    monkeypatch.setattr(cf, "AUTO_SFA_K_MAJOR", False)
+    assert cf.auto_config(16, 4096, 8192) is None
+    assert cf.auto_config(64, 1024, 4096) == 1
+    assert cf.auto_config(64, 8192, 1024) is None
+    assert cf.auto_config(129, 8192, 1024) == 0
     for m in (1, 64, 4096):
         assert cf.default_config(m, 1024, 1024) in cf.CONFIGS
 

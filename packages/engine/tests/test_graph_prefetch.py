@@ -33,7 +33,11 @@ def graphs() -> DecodeGraphs:
     pool = CachePool(cfg, num_slots=6, num_blocks=40, max_model_len=600, dtype=torch.float32, device="cpu")
     runner = SimpleNamespace(cache=pool, model=SimpleNamespace(compress_ratios=ratios))
     runner.step_batch = lambda chunks, static_width=False: build_step(  # noqa: E731
-        pool, [c.token_ids for c in chunks], [c.start_pos for c in chunks], [c.slot for c in chunks], ratios,
+        pool,
+        [c.token_ids for c in chunks],
+        [c.start_pos for c in chunks],
+        [c.slot for c in chunks],
+        ratios,
         static_width,
     )
     g = DecodeGraphs.__new__(DecodeGraphs)

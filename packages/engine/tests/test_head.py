@@ -51,4 +51,4 @@ def test_gpu_head_matches_fp32_gemm(n: int) -> None:
     bound = (h.double().abs() @ w.double().abs().t()) * (d * 2.0**-24)
     assert ((got.double() - exact).abs() <= bound).all()
     ref = h @ w.float().t()
-    assert ((got.double() - exact).abs().max() <= 4 * (ref.double() - exact).abs().max() + 1e-6)
+    assert (got.double() - exact).abs().max() <= 4 * (ref.double() - exact).abs().max() + 1e-6

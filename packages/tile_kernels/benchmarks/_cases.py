@@ -255,7 +255,7 @@ def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
             variants={
                 **{
                     f"bt{bt}_w{w}": functools.partial(_KV, block_t=bt, num_warps=w)
-                    for bt, w in ((8, 8), (4, 4), (1, 1))
+                    for bt, w in ((8, 8), (4, 4), (2, 2))
                 },
                 "early_cs": functools.partial(_KV, early_cos_sin=True),
             },

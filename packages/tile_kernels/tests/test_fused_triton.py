@@ -195,8 +195,9 @@ def test_kv_paged_write_strides_and_errors() -> None:
 
 
 def test_kv_default_blocks() -> None:
-    """Round-2 defaults (H200 round 1: 2 tokens / 2 warps 1.52x over 8 / 8 at kv [16384, 512]); decode shrinks."""
-    assert _F._kv_block_t(16384, 512) == 2
+    """Default: 1 token / 1 warp at d = 512 (H200: 19.7 us vs 23.9 for 2 / 2 and 36.7 for 8 / 8 at kv [16384, 512])."""
+    assert _F._kv_block_t(16384, 512) == 1
+    assert _F._kv_block_t(16384, 128) == 4  # a 512-element tile at smaller d
     assert _F._kv_block_t(4, 512) == 1
 
 

@@ -67,8 +67,11 @@ class DecodeGraphs:
         if on_host:  # the per-step path: numpy, a few vectorised ops (same tensors as step_batch builds)
             every = [*chunks, *pad]
             return build_decode_host(
-                self.runner.cache, [c.token_ids[0] for c in every], [c.start_pos for c in every],
-                [c.slot for c in every], self.runner.model.compress_ratios,
+                self.runner.cache,
+                [c.token_ids[0] for c in every],
+                [c.start_pos for c in every],
+                [c.slot for c in every],
+                self.runner.model.compress_ratios,
             )
         return self.runner.step_batch([*chunks, *pad], static_width=True)
 

@@ -50,13 +50,17 @@ class ModelRunner:
         self._warmup()  # build lazy weight copies now, so the cache is sized from what is really left
         elem = torch.tensor([], dtype=dtype).element_size()
         slots, blocks = CachePool.plan(
-            cfg, max_num_seqs=max_num_seqs, max_model_len=max_model_len, elem_bytes=elem,
+            cfg,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            elem_bytes=elem,
             budget_bytes=_cache_budget(self.device, gpu_memory_utilization),
         )
         if num_blocks is not None:
             blocks = num_blocks
-        self.cache = CachePool(cfg, num_slots=slots, num_blocks=blocks, max_model_len=max_model_len, dtype=dtype,
-                               device=self.device)
+        self.cache = CachePool(
+            cfg, num_slots=slots, num_blocks=blocks, max_model_len=max_model_len, dtype=dtype, device=self.device
+        )
         self.cache_bytes = blocks * bytes_per_block(cfg, elem)
         use_graphs = cuda_graphs and graphs_enabled(self.model, self.device)
         self.graphs = DecodeGraphs(self, self.cache.num_slots) if use_graphs else None
@@ -70,8 +74,7 @@ class ModelRunner:
         The model builds some weight copies on first use (dequantised linears, stacked experts); doing that
         before `CachePool.plan` reads free device memory keeps them inside `gpu_memory_utilization`.
         """
-        scratch = CachePool(self.cfg, num_slots=1, num_blocks=1, max_model_len=1, dtype=self.dtype,
-                            device=self.device)
+        scratch = CachePool(self.cfg, num_slots=1, num_blocks=1, max_model_len=1, dtype=self.dtype, device=self.device)
         b = build_step(scratch, [[0]], [0], [scratch.dummy_slot], self.model.compress_ratios)
         self.model.logits(self.model.forward(b, scratch))
         del scratch, b
@@ -98,8 +101,12 @@ class ModelRunner:
 
     def step_batch(self, chunks: list[SeqChunk], static_width: bool = False) -> StepBatch:
         return build_step(
-            self.cache, [c.token_ids for c in chunks], [c.start_pos for c in chunks], [c.slot for c in chunks],
-            self.model.compress_ratios, static_width,
+            self.cache,
+            [c.token_ids for c in chunks],
+            [c.start_pos for c in chunks],
+            [c.slot for c in chunks],
+            self.model.compress_ratios,
+            static_width,
         )
 
     @torch.inference_mode()

@@ -32,6 +32,7 @@ FORMAT_VERSION = 1
 COMPRESS_RATIOS = [0, 4, 16, 4, 0]  # layers 0..3 (SWA, CSA, HCA, CSA) + the MTP block (SWA)
 _LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 16: "heavily_compressed_attention"}
 
+
 def tiny_config_dict(vocab_size: int = TOKENIZER_VOCAB) -> dict[str, Any]:
     """The tiny model's `config.json` as a dict: the official V4-Flash key set and order, tiny values."""
     return {

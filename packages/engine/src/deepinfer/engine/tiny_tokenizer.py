@@ -29,7 +29,6 @@ CHAT_TEMPLATE = (
 )
 
 
-
 def train_tokenizer() -> Tokenizer:
     """Byte-level BPE (vocab `TOKENIZER_VOCAB`) trained on the embedded corpus; BOS id 0, EOS id 1.
 

@@ -63,8 +63,13 @@ class Attention:
         if self.indexer is not None:
             ix = self.indexer
             comps.append(
-                (ix.compressor, pool.index_keys[layer], pool.index_tail_kv[layer], pool.index_tail_score[layer],
-                 ix.finish_keys)
+                (
+                    ix.compressor,
+                    pool.index_keys[layer],
+                    pool.index_tail_kv[layer],
+                    pool.index_tail_score[layer],
+                    ix.finish_keys,
+                )
             )
         view = b.comp[self.ratio]
         decode = all(n == 1 for n in b.lens)
@@ -113,7 +118,12 @@ class Attention:
             self._compress(x, b, pool, layer)
         main_idx = self._main_indices(x, qr, b, cs, pool, layer)
         o, _ = flash_mla.sparse_attn_prefill(
-            q, pool.kv[layer], main_idx, self.sink, self.scale, extra_kv=kv.to(pool.dtype),
+            q,
+            pool.kv[layer],
+            main_idx,
+            self.sink,
+            self.scale,
+            extra_kv=kv.to(pool.dtype),
             extra_indices=b.win_new_idx,
         )
         self._write_window(kv, b, pool, layer)

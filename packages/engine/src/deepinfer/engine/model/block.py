@@ -22,8 +22,14 @@ class HyperConn:
 
 class Block:
     def __init__(
-        self, cfg: ModelConfig, attn: Attention, moe: MoE, attn_norm: torch.Tensor, ffn_norm: torch.Tensor,
-        hc_attn: HyperConn, hc_ffn: HyperConn,
+        self,
+        cfg: ModelConfig,
+        attn: Attention,
+        moe: MoE,
+        attn_norm: torch.Tensor,
+        ffn_norm: torch.Tensor,
+        hc_attn: HyperConn,
+        hc_ffn: HyperConn,
     ) -> None:
         self.cfg, self.attn, self.moe = cfg, attn, moe
         self.attn_norm, self.ffn_norm, self.hc_attn, self.hc_ffn = attn_norm, ffn_norm, hc_attn, hc_ffn

@@ -47,8 +47,13 @@ class WeightSource:
 
 def build_compressor(src: WeightSource, prefix: str, ratio: int, dim: int, eps: float) -> Compressor:
     return Compressor(
-        src.linear(f"{prefix}.wkv"), src.linear(f"{prefix}.wgate"), src.take(f"{prefix}.ape"),
-        src.take(f"{prefix}.norm.weight"), ratio, dim, eps,
+        src.linear(f"{prefix}.wkv"),
+        src.linear(f"{prefix}.wgate"),
+        src.take(f"{prefix}.ape"),
+        src.take(f"{prefix}.norm.weight"),
+        ratio,
+        dim,
+        eps,
     )
 
 
@@ -71,8 +76,9 @@ def build_attention(src: WeightSource, cfg: ModelConfig, p: str, ratio: int, rop
 def build_moe(src: WeightSource, cfg: ModelConfig, p: str, hash_layer: bool) -> MoE:
     lim = cfg.swiglu_limit
     experts = [
-        Expert(src.linear(f"{p}.experts.{e}.w1"), src.linear(f"{p}.experts.{e}.w2"), src.linear(f"{p}.experts.{e}.w3"),
-               lim)
+        Expert(
+            src.linear(f"{p}.experts.{e}.w1"), src.linear(f"{p}.experts.{e}.w2"), src.linear(f"{p}.experts.{e}.w3"), lim
+        )
         for e in range(cfg.n_routed_experts)
     ]
     shared = None
@@ -92,11 +98,13 @@ def build_block(
     moe = build_moe(src, cfg, f"{p}.ffn", hash_layer)
 
     def hc(site: str) -> HyperConn:
-        return HyperConn(src.take(f"{p}.hc_{site}_fn"), src.take(f"{p}.hc_{site}_base"),
-                         src.take(f"{p}.hc_{site}_scale"))
+        return HyperConn(
+            src.take(f"{p}.hc_{site}_fn"), src.take(f"{p}.hc_{site}_base"), src.take(f"{p}.hc_{site}_scale")
+        )
 
-    return Block(cfg, attn, moe, src.take(f"{p}.attn_norm.weight"), src.take(f"{p}.ffn_norm.weight"), hc("attn"),
-                 hc("ffn"))
+    return Block(
+        cfg, attn, moe, src.take(f"{p}.attn_norm.weight"), src.take(f"{p}.ffn_norm.weight"), hc("attn"), hc("ffn")
+    )
 
 
 def build_head(src: WeightSource, p: str) -> HyperConn:

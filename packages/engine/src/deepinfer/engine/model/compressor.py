@@ -28,7 +28,13 @@ class Compressor:
     """Weights and math of one compressor (main KV: dim = head_dim; indexer keys: dim = index_head_dim)."""
 
     def __init__(
-        self, wkv: QWeight, wgate: QWeight, ape: torch.Tensor, norm: torch.Tensor, ratio: int, dim: int,
+        self,
+        wkv: QWeight,
+        wgate: QWeight,
+        ape: torch.Tensor,
+        norm: torch.Tensor,
+        ratio: int,
+        dim: int,
         eps: float,
     ) -> None:
         self.wkv, self.wgate, self.ape, self.norm = wkv, wgate, ape.float(), norm

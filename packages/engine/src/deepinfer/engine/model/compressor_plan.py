@@ -62,5 +62,13 @@ def plan_prefill(
         u_idx.append(vrow(keep))
         tail_off += old
     cat = torch.cat
-    return PrefillPlan(cat(t_slot), cat(t_row), cat(w_slot), cat(w_j), cat(w_idx).reshape(-1, span),
-                       cat(u_slot), cat(u_row), cat(u_idx))
+    return PrefillPlan(
+        cat(t_slot),
+        cat(t_row),
+        cat(w_slot),
+        cat(w_j),
+        cat(w_idx).reshape(-1, span),
+        cat(u_slot),
+        cat(u_row),
+        cat(u_idx),
+    )

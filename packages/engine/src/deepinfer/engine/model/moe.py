@@ -25,8 +25,13 @@ class MoE:
     """Routed experts (top-k of E) plus shared experts; `tid2eid` given => hash routing by token id."""
 
     def __init__(
-        self, cfg: ModelConfig, gate: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
-        experts: list[Expert], shared: Expert | None,
+        self,
+        cfg: ModelConfig,
+        gate: torch.Tensor,
+        bias: torch.Tensor | None,
+        tid2eid: torch.Tensor | None,
+        experts: list[Expert],
+        shared: Expert | None,
     ) -> None:
         self.cfg, self.gate, self.bias, self.tid2eid = cfg, gate.float(), bias, tid2eid
         self.experts, self.shared = experts, shared
@@ -37,10 +42,10 @@ class MoE:
         cfg = self.cfg
         logits = x.float() @ self.gate.t()
         if self.tid2eid is not None:
-            return tk.hash_route(logits, token_ids, self.tid2eid, cfg.scoring_func, cfg.route_scale,
-                                 cfg.norm_topk_prob)
-        return tk.moe_route(logits, self.bias, cfg.num_experts_per_tok, cfg.scoring_func, cfg.route_scale,
-                            cfg.norm_topk_prob)
+            return tk.hash_route(logits, token_ids, self.tid2eid, cfg.scoring_func, cfg.route_scale, cfg.norm_topk_prob)
+        return tk.moe_route(
+            logits, self.bias, cfg.num_experts_per_tok, cfg.scoring_func, cfg.route_scale, cfg.norm_topk_prob
+        )
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] normed FFN input; token_ids: [T]. Returns [T, hidden] in x.dtype."""

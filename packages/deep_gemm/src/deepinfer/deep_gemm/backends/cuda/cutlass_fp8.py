@@ -121,19 +121,24 @@ def _is_sm90(index: int) -> bool:
 def auto_config(m: int, n: int, k: int) -> int | None:
     """The CUTLASS config the API's auto dispatch runs for an (m, n, k) problem, or None for the Triton kernel.
 
-    From the round-1 H200 benchmark (README, benchmarks/results): Triton is fastest at decode m <= 16 (12.2 vs
-    15.4 us at 1 x 1024 x 4096) and at m <= 128 with short k (6.7 vs 9.7 us at 64 x 8192 x 1024: few k blocks,
-    CUTLASS's prologue and launch dominate); 64x128 ping-pong wins the other m <= 128 shapes (14.8 vs 16.4 us at
-    64 x 1024 x 4096); the 128x128 cooperative kernel wins every m > 128 shape (1.3-1.5x Triton).
+    From the H200 sweep of 2026-11-30 (`benchmarks/results/2026-11-30-s3-bench-deep_gemm-fp8_dense.json`, all five
+    configs on the issue's shapes at m = 1 .. 16384): Triton wins small m with short k (6.4 vs 8.0 us at
+    1 x 8192 x 1024: few k blocks, CUTLASS's prologue dominates); the 64x128 ping-pong kernel reading the A scales
+    as given (4) wins m <= 256 otherwise (22.1 vs 27.5 us at 1 x 4096 x 8192, 12.8 vs 19.6 at 128 x 1024 x 4096) and
+    mid m with narrow n or short k; the cooperative 128x128 kernels win large m, where the M-major one (0) is 6-9 %
+    faster than the K-major one (2) on the biggest shapes (1062 vs 1128 us at 16384 x 4096 x 8192).
     """
-    del n
-    if m <= 16:
-        return None
-    if m <= 128:
-        if k < (2048 if AUTO_SFA_K_MAJOR else 4096):  # the transpose's ~2 us decides k = 2048
+    if not AUTO_SFA_K_MAJOR:  # the M-major configs only (0 / 1)
+        if m <= 16:
             return None
-        return 4 if AUTO_SFA_K_MAJOR else 1
-    return 2 if AUTO_SFA_K_MAJOR else 0
+        return (1 if k >= 4096 else None) if m <= 128 else 0
+    if m <= 16:
+        return 4 if k >= 4096 else None
+    if m <= 256:
+        return 4 if k >= 2048 or n >= 16384 else None
+    if m < 4096:
+        return 4 if n <= 1024 or k <= 1024 else 2
+    return 0
 
 
 def default_config(m: int, n: int, k: int = 4096) -> int:

@@ -2,9 +2,10 @@
 
 Same math, conventions and split-KV plan as `triton_split_attn.py` (whose `_combine_kernel` merges the splits):
 one CTA per (query token, 64-head block, split), 64-row tiles of gathered rows, both warpgroups sharing the
-work without computing the scores twice (design notes at the top of the .cu file). Opt-in as
-`sparse_attn_split_triton(kernel="cuda")`; it takes bf16 q with h a multiple of 64 and d = 512, one cache (BF16
-rows with a 16-byte aligned stride, or the V4 FP8 rows), no extra cache: `supports` says whether a call fits.
+work without computing the scores twice (design notes at the top of the .cu file). The default kernel of
+`sparse_attn_split_triton` (DEFAULT_KERNELS, or kernel="cuda"); it takes bf16 q with h a multiple of 64 and
+d = 512, one cache (BF16 rows with a 16-byte aligned stride, or the V4 FP8 rows), no extra cache: `supports` says
+whether a call fits (the default falls back to the Triton kernel otherwise).
 
 `_C` is imported lazily: CPU builds (DEEPINFER_DEVICE=cpu) have none, and the repo's conftest / the benchmark put
 the source tree first on sys.path, which holds no built `_C`, so the installed copy's is looked up as well.

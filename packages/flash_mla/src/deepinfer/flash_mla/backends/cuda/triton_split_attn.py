@@ -502,7 +502,7 @@ def sparse_attn_split_triton(
         num_splits: splits per token (None: `plan_num_splits` for this device); 1 = no workspace, no combine.
         config: (block_h, block_n, num_warps, num_stages) override of `default_split_config`.
         dot_fp32: fp32 dot operands (None: under TRITON_INTERPRET=1 only).
-        kernel: None (DEFAULT_KERNELS for the cache format: "fused" today), "fused" (this module's kernel),
+        kernel: None (DEFAULT_KERNELS for the cache format: "cuda", else "fused"), "fused" (this module's kernel),
             "chunked" (`triton_split_chunked.py`: the tile in eight 64-dim chunks, FP8 scales applied per chunk;
             d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
             across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled sm_90a wgmma kernel; bf16 q,

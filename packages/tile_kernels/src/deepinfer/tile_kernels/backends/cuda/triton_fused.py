@@ -27,9 +27,10 @@ __all__ = ["kv_norm_rope_quant_triton", "swiglu_clamp_fp8_triton"]
 
 TILE_ELEMS = 4096
 KV_TARGET_PROGRAMS = 512
-# KV tile: 2 tokens of d = 512 per program, 2 warps (H200, round 1: 1.52x over 8 tokens / 8 warps; the 16 MB
-# op is launch / tail bound, and 8,192 small programs spread it over the SMs in finer steps than 2,048 big ones)
-KV_TILE_ELEMS = 1024
+# KV tile: 1 token of d = 512 per program, 1 warp (H200, 2026-11-30: 19.7 us vs 23.9 for 2 tokens / 2 warps and
+# 36.7 for 8 / 8, bit-identical; the 16 MB op is launch / tail bound, and small programs spread it over the SMs
+# in finer steps)
+KV_TILE_ELEMS = 512
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
