@@ -9,7 +9,7 @@ from ._backend import backend, build_info, package_version
 from .api import *  # noqa: F401,F403
 from .api import __all__ as _api_all
 
-# The version pip installed; "0.1.0" (keep equal to pyproject.toml, a test checks) from the source tree.
-__version__: str = package_version("0.1.0")
+# The version pip installed; "0.2.0" (keep equal to pyproject.toml, a test checks) from the source tree.
+__version__: str = package_version("0.2.0")
 
 __all__ = [*_api_all, "backend", "build_info"]

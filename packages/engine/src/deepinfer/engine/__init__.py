@@ -12,7 +12,7 @@ def _version() -> str:
 
         return version("deepinfer")
     except Exception:  # running from the source tree
-        return "0.1.0"
+        return "0.1.1"
 
 
 __version__ = _version()
