@@ -1,5 +1,5 @@
 """deepinfer.tile_kernels: fused building blocks of the DeepSeek-V4 forward
-(norms, RoPE, mHC, SwiGLU, FP8/FP4 quant, MoE gates).
+(norms, RoPE, mHC, SwiGLU, FP8/FP4 quant, MoE gates and token permutation).
 
 Public functions come from ``api.py`` (shapes, dtypes and layouts in their docstrings). ``backend(device)``
 names the implementation a call on that device runs; ``build_info()`` says what the wheel was built for.

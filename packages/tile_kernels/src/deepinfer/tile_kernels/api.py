@@ -16,14 +16,18 @@ from ._dispatch import ascend_or as _ascend_or
 from ._dispatch import triton_float_ok as _triton_float_ok
 from ._dispatch import triton_ok as _triton_ok
 from ._validate import check_last_dim, check_same_device, check_tensor
+from .ref.moe import MoePermutation
 
 __all__ = [
+    "MoePermutation",
     "apply_rope_interleaved",
     "hash_route",
     "mhc_head",
     "mhc_post",
     "mhc_pre",
+    "moe_permute",
     "moe_route",
+    "moe_unpermute",
     "rms_norm",
     "rope_cos_sin",
     "rope_inv_freq",
@@ -226,6 +230,83 @@ def hash_route(
 
         return hash_route_triton(logits, token_ids, tid2eid, scoring, route_scale, bool(renorm))
     return _ref.hash_route(logits, token_ids, tid2eid, scoring, route_scale, renorm)
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def moe_permute(
+    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, *, block: int | None = None
+) -> MoePermutation:
+    """Token-to-expert permutation for grouped GEMMs: one row of x per valid top-k slot, grouped by expert.
+
+    x: [t, h], any dtype (rows are copied: activations, FP8 codes or their scales permute alike).
+    topk_idx: [t, k] int32/int64 expert ids in [0, num_experts); -1 marks a masked slot (no row).
+    num_experts: E >= 1. block: None, or pad each expert's rows with zero rows to a multiple of `block` (>= 1;
+    an expert with no rows stays empty), e.g. 128 for DeepGEMM's contiguous layout.
+
+    Returns `MoePermutation(x, expert_counts, expert_offsets, row_expert, src_map)`:
+    x [P, h] x.dtype (P = valid slots, or the padded total with `block`); expert_counts [E] int32 (valid rows;
+    the masked layout's counts); expert_offsets [E] int32 cumulative (padded) segment ends, the `offs` of
+    deep_gemm's W4A16 / W4A8 grouped GEMMs and `torch._grouped_mm`; row_expert [P] int32, -1 on padding rows
+    (DeepGEMM's `m_indices`); src_map [t, k] int32, the row holding slot (i, j), -1 for masked slots.
+    Order (deterministic): by expert, then token, then slot. Runs the reference on every device (no kernel
+    yet): the ids are range-checked and P is read back, one host sync each.
+    """
+    check_tensor("x", x, ndim=2)
+    check_tensor("topk_idx", topk_idx, ndim=2)
+    if topk_idx.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"topk_idx must be int32 or int64, got {topk_idx.dtype}")
+    if topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_idx must have {x.shape[0]} rows (one per token of x), got {tuple(topk_idx.shape)}")
+    if not _is_int(num_experts) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    if block is not None and (not _is_int(block) or block < 1):
+        raise ValueError(f"block must be None or an int >= 1, got {block!r}")
+    check_same_device(x=x, topk_idx=topk_idx)
+    if topk_idx.numel() and not bool(((topk_idx >= -1) & (topk_idx < num_experts)).all()):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
+        raise ValueError(f"topk_idx values must be in [-1, {num_experts - 1}] (-1 = masked slot), got {bad}")
+    return _ascend_or("moe_permute", x.device, _ref.moe_permute)(x, topk_idx, num_experts, block=block)
+
+
+def moe_unpermute(
+    y: torch.Tensor,
+    src_map: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Weighted un-permute reduce: out[i] = sum over valid slots j of topk_weights[i, j] * y[src_map[i, j]].
+
+    y: [P, h] float, the expert outputs in `moe_permute`'s row order (padding rows are never read).
+    src_map: [t, k] int32/int64, `moe_permute(...).src_map` (rows in [0, P), -1 = masked slot: contributes
+    nothing, its weight is not read). topk_weights: [t, k] float (fp32 from `moe_route`).
+    Math in fp32: each product rounded to fp32, summed in slot order from 0 (deterministic, no atomics), one cast
+    at the end. Returns [t, h] out_dtype (default y.dtype). Runs the reference on every device (no kernel yet);
+    src_map is range-checked (one host sync).
+    """
+    check_tensor("y", y, ndim=2, floating=True)
+    check_tensor("src_map", src_map, ndim=2)
+    check_tensor("topk_weights", topk_weights, ndim=2, floating=True)
+    if src_map.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"src_map must be int32 or int64, got {src_map.dtype}")
+    if topk_weights.shape != src_map.shape:
+        raise ValueError(
+            f"topk_weights must have src_map's shape {tuple(src_map.shape)}, got {tuple(topk_weights.shape)}"
+        )
+    if out_dtype is not None and (not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point):
+        raise TypeError(f"out_dtype must be None or a float torch.dtype, got {out_dtype!r}")
+    check_same_device(y=y, src_map=src_map, topk_weights=topk_weights)
+    rows = y.shape[0]
+    if src_map.numel() and not bool(((src_map >= -1) & (src_map < rows)).all()):
+        bad = src_map[(src_map < -1) | (src_map >= rows)][0].item()
+        raise ValueError(f"src_map values must be in [-1, {rows - 1}] (rows of y; -1 = masked slot), got {bad}")
+    return _ascend_or("moe_unpermute", y.device, _ref.moe_unpermute)(y, src_map, topk_weights, out_dtype=out_dtype)
 
 
 from .api_quant import *  # noqa: E402,F401,F403  (quantisation ops join the public API)
