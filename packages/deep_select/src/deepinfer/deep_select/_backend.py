@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import sys
 import types
 import warnings
 
@@ -25,17 +27,50 @@ ENV_VAR = f"DEEPINFER_{_NAME.upper()}_BACKEND"
 DIST_NAME = "deepinfer-" + _NAME.replace("_", "-")
 
 
+def _installed_extension_path() -> str | None:
+    """The file of an installed copy's ``<pkg>._C`` on sys.path: the repo's conftest and benchmarks put
+    packages/*/src first, and the source folder holds no built ``_C`` (a non-editable install put it in
+    site-packages)."""
+    for entry in sys.path:
+        folder = os.path.join(entry, *_PKG.split("."))
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_C" + suffix)
+            if os.path.isfile(path):
+                return path
+    return None
+
+
 @functools.cache
+def _compiled() -> tuple[types.ModuleType | None, str | None]:
+    """(``<pkg>._C``, None) when the compiled extension imports (from the package or, when the source tree
+    shadows it, from an installed copy); else (None, why not: "not built" or the import error)."""
+    name = f"{_PKG}._C"
+    path = None
+    if importlib.util.find_spec(name) is None:
+        path = _installed_extension_path()
+        if path is None:
+            return None, f"{name} was not built (build with DEEPINFER_DEVICE=cuda)"
+    try:
+        if path is None:
+            return importlib.import_module(name), None
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+        return mod, None
+    except ImportError as exc:  # built but broken (ABI, missing libcudart): say so, never hide it
+        warnings.warn(f"{name} exists but failed to import: {exc}", RuntimeWarning, stacklevel=3)
+        return None, f"{name} failed to import: {exc}"
+
+
+def compiled_module() -> types.ModuleType | None:
+    """The package's compiled extension ``<pkg>._C``, or None when it was not built or does not import."""
+    return _compiled()[0]
+
+
 def _compiled_error() -> str | None:
     """None when ``<pkg>._C`` imports; else why not ("not built" or the import error)."""
-    if importlib.util.find_spec(f"{_PKG}._C") is None:
-        return f"{_PKG}._C was not built (build with DEEPINFER_DEVICE=cuda)"
-    try:
-        importlib.import_module(f"{_PKG}._C")
-    except ImportError as exc:  # built but broken (ABI, missing libcudart): say so, never hide it
-        warnings.warn(f"{_PKG}._C exists but failed to import: {exc}", RuntimeWarning, stacklevel=3)
-        return f"{_PKG}._C failed to import: {exc}"
-    return None
+    return _compiled()[1]
 
 
 @functools.cache

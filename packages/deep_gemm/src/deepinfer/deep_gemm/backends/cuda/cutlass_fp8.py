@@ -31,15 +31,11 @@ workspace (stream-K partial sums) comes from torch's caching allocator. Never sy
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.machinery
-import importlib.util
-import os
-import sys
 import types
-import warnings
 
 import torch
+
+from ..._backend import compiled_module
 
 __all__ = [
     "available",
@@ -74,37 +70,10 @@ _E8M0 = torch.float8_e8m0fnu
 _SCALES = (torch.float32, _E8M0)
 
 
-def _installed_extension() -> types.ModuleType | None:
-    """`_C` from an installed copy of this package, for when the source tree shadows it on sys.path.
-
-    The repo's conftest.py and the benchmark put packages/*/src first, so `deepinfer.deep_gemm` is the source
-    folder, which holds no built `_C`; a `pip install` (non-editable) put it in site-packages/deepinfer/deep_gemm.
-    """
-    name = f"{_PKG}._C"
-    for entry in sys.path:
-        folder = os.path.join(entry, *_PKG.split("."))
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_C" + suffix)
-            if os.path.isfile(path):
-                spec = importlib.util.spec_from_file_location(name, path)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
-                sys.modules[name] = mod
-                return mod
-    return None
-
-
 @functools.cache
 def _module() -> types.ModuleType | None:
     """`deepinfer.deep_gemm._C` when it imports and was built with CUTLASS, else None."""
-    try:
-        mod = importlib.import_module(f"{_PKG}._C")
-    except ImportError:
-        try:
-            mod = _installed_extension()
-        except ImportError as exc:  # built but broken (ABI, libcudart): say so, never hide it
-            warnings.warn(f"{_PKG}._C exists but failed to import: {exc}", RuntimeWarning, stacklevel=2)
-            return None
+    mod = compiled_module()
     return mod if mod is not None and getattr(mod, "has_cutlass_fp8", lambda: False)() else None
 
 

@@ -24,10 +24,11 @@ kernels (`available()` is False).
 from __future__ import annotations
 
 import functools
-import importlib
 import types
 
 import torch
+
+from ..._backend import compiled_module
 
 __all__ = ["DEFAULT_CAP", "DEFAULT_MODE", "MODES", "available", "choose_split", "topk_cuda", "topk_cuda_split"]
 
@@ -39,10 +40,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 @functools.cache
 def _module() -> types.ModuleType | None:
-    try:
-        return importlib.import_module("deepinfer.deep_select._C")
-    except ImportError:
-        return None
+    return compiled_module()
 
 
 def available() -> bool:

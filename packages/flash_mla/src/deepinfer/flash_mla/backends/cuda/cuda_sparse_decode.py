@@ -15,15 +15,13 @@ The launcher reads shapes, strides and pointers only (no host sync): CUDA-graph 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.machinery
-import importlib.util
 import os
 import sys
 import types
 
 import torch
 
+from ..._backend import compiled_module
 from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms, plan_num_splits
 
 __all__ = ["available", "sparse_attn_cuda", "supports"]
@@ -32,34 +30,10 @@ _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.flash_mla"
 BLOCK_H, BLOCK_N, HEAD_DIM = 64, 64, 512
 
 
-def _installed_extension() -> types.ModuleType | None:
-    """`_C` from an installed copy of this package (site-packages), for when the source tree shadows it."""
-    name = f"{_PKG}._C"
-    for entry in sys.path:
-        folder = os.path.join(entry, *_PKG.split("."))
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_C" + suffix)
-            if os.path.isfile(path):
-                spec = importlib.util.spec_from_file_location(name, path)
-                if spec is None or spec.loader is None:
-                    continue
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
-                sys.modules[name] = mod
-                return mod
-    return None
-
-
 @functools.cache
 def _module() -> types.ModuleType | None:
     """`deepinfer.flash_mla._C` with the sparse decode kernel, or None (not built / CPU build)."""
-    try:
-        mod = importlib.import_module(f"{_PKG}._C")
-    except ImportError:
-        try:
-            mod = _installed_extension()
-        except ImportError:
-            return None
+    mod = compiled_module()
     return mod if mod is not None and hasattr(mod, "sparse_decode") else None
 
 
