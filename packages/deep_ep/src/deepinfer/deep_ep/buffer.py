@@ -12,8 +12,9 @@ experts [r * E / R, (r + 1) * E / R); "local expert e" on rank r is global exper
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,23 @@ from ._checks import FLOAT_X, check_int, check_num_experts, check_same_device, c
 from ._comm import Comm
 from .handles import DispatchHandle, LowLatencyFastHandle, LowLatencyHandle
 from .intranode import IntranodeNormal, create_intranode
-from .lowlatency import IntranodeLowLatency, create_low_latency, fast_ok, ll_wanted
+
+if TYPE_CHECKING:  # lowlatency imports Triton: loaded only when the LL fast path is wanted and Triton runs
+    from .lowlatency import IntranodeLowLatency
+
+LL_ENV = "DEEPINFER_DEEP_EP_LL"  # "fast" / "reference": overrides Buffer(low_latency_mode=...)
 
 XPayload = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def ll_wanted(low_latency_mode: bool) -> bool:
+    """DEEPINFER_DEEP_EP_LL=fast / reference, else the Buffer's low_latency_mode flag."""
+    env = os.environ.get(LL_ENV, "").strip().lower()
+    if env in ("fast", "reference"):
+        return env == "fast"
+    if env:
+        raise ValueError(f"{LL_ENV}: expected fast|reference, got {env!r}")
+    return low_latency_mode
 
 
 def _no_op_hook() -> None:
@@ -72,7 +87,7 @@ class Buffer:
         """Release the fast path's buffers (kept for DeepEP's explicit-destroy API; a no-op for the reference)."""
         if isinstance(self._fast, IntranodeNormal):
             self._fast.destroy()
-        if isinstance(self._ll, IntranodeLowLatency):
+        if self._ll not in (None, False):
             self._ll.destroy()
         self._fast = self._ll = None
 
@@ -86,8 +101,13 @@ class Buffer:
             return None
         if self._ll is None:
             use = ll_wanted(self.low_latency_mode) and backend(device) == "triton"
-            self._ll = create_low_latency(self.group, device) if use else False
-        if isinstance(self._ll, IntranodeLowLatency) and self._ll.device == device:
+            if use:
+                from .lowlatency import create_low_latency
+
+                self._ll = create_low_latency(self.group, device)
+            else:
+                self._ll = False
+        if self._ll not in (None, False) and self._ll.device == device:
             return self._ll
         return None
 
@@ -272,7 +292,7 @@ class Buffer:
         if use_ue8m0 and not round_scale:
             raise ValueError("use_ue8m0: requires round_scale=True (E8M0 holds powers of two only)")
         fast = self._ll_path(x.device)
-        if fast is not None and fast_ok(hidden, x.dtype, use_fp8, use_ue8m0, self.group_size):
+        if fast is not None and _ll_fast_ok(hidden, x.dtype, use_fp8, use_ue8m0, self.group_size):
             return fast.dispatch(
                 x, idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, return_recv_hook
             )
@@ -323,3 +343,10 @@ class Buffer:
                 raise ValueError(f"topk_idx: expected {handle.k} columns (the dispatch's), got {idx.shape[1]}")
             return fast.combine(x, idx, w, handle, out, return_recv_hook)
         return ref_ll.low_latency_combine(self._comm, x, idx, w, handle, out), _no_op_hook
+
+
+def _ll_fast_ok(hidden: int, x_dtype: torch.dtype, use_fp8: bool, use_ue8m0: bool, world: int) -> bool:
+    """`lowlatency.fast_ok`, imported only once the LL fast path exists (it imports Triton)."""
+    from .lowlatency import fast_ok
+
+    return fast_ok(hidden, x_dtype, use_fp8, use_ue8m0, world)

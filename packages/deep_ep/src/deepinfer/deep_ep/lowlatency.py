@@ -33,7 +33,6 @@ from .backends.triton import ll
 from .handles import LowLatencyFastHandle
 from .reference_ll import per_token_cast_to_fp8
 
-LL_ENV = "DEEPINFER_DEEP_EP_LL"  # "fast" / "reference": overrides Buffer(low_latency_mode=...)
 QUANT_ENV = "DEEPINFER_DEEP_EP_LL_QUANT"  # "triton" (default, when its probe passes) / "torch"
 HEAD_WORDS = 64  # the flag rows [2, R] (R <= 8) at the start of every LL buffer
 SPIN_LIMIT = {"cuda": 1 << 22, "cpu": 1 << 17}  # spins before a wait gives up and sets the timeout flag
@@ -294,13 +293,3 @@ def create_low_latency(group: dist.ProcessGroup, device: torch.device) -> Intran
         warnings.warn(f"deep_ep: low-latency fast path off, reference runs ({err or 'a peer failed'})", stacklevel=3)
         return False
     return fast
-
-
-def ll_wanted(low_latency_mode: bool) -> bool:
-    """DEEPINFER_DEEP_EP_LL=fast / reference, else the Buffer's low_latency_mode flag."""
-    env = os.environ.get(LL_ENV, "").strip().lower()
-    if env in ("fast", "reference"):
-        return env == "fast"
-    if env:
-        raise ValueError(f"{LL_ENV}: expected fast|reference, got {env!r}")
-    return low_latency_mode
