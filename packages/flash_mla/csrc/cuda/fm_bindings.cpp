@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fm_sparse_decode.h"
+#include "fm_ws_bindings.h"
 
 namespace py = pybind11;
 
@@ -28,5 +29,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("sparse_decode", &sparse_decode,
         "Sparse MLA attention, 64 heads x 512 per CTA, wgmma (see fm_sparse_decode.cu). Pointers are data_ptr() "
         "ints, strides in elements; stream = torch.cuda.current_stream().cuda_stream.");
+  fm_register_ws(m);  // the warp-specialised kernels (fm_ws_*), bound in their own file
   m.def("smem_bytes", &fm_smem_bytes, "Dynamic shared memory per CTA (bytes) for the BF16 (False) / FP8 (True) cache");
 }
