@@ -113,12 +113,55 @@ def _fused_cases(results: list[tuple[str, bool]]) -> None:
     _attempt(results, "gather_rows", rows.gather_rows, src, torch.arange(t // 2), dst, "triton")
 
 
+def _nosync_cases(results: list[tuple[str, bool]]) -> None:
+    from deepinfer.deep_ep.backends.triton import nosync as n
+
+    t, k, e, cap = 64, 6, 256, 200
+    for r in (2, 8):
+        area, mat = torch.zeros(r, 2 * r + e + 7, dtype=torch.int64), torch.zeros(r * r + 2, dtype=torch.int64)
+        _attempt(results, f"nosync plan R={r}", n.plan, area, mat, torch.zeros(e // r, dtype=torch.int32), 1, e, 3, cap)
+        idx, w = torch.zeros(t, k, dtype=torch.int64), torch.zeros(t, k)
+        x, s = torch.zeros(t, 2048, dtype=torch.int32), torch.zeros(t, 32, dtype=torch.int32)
+        d0, d1 = torch.zeros(cap, 2048, dtype=torch.int32), torch.zeros(cap, 32, dtype=torch.int32)
+        didx, dw = torch.zeros(cap, k, dtype=torch.int64), torch.zeros(cap, k)
+        dsrc, pos = torch.zeros(cap, 1, dtype=torch.int64), torch.zeros(t, dtype=torch.int64)
+        sp, st = torch.zeros(t, dtype=torch.int64), torch.zeros(r * t, dtype=torch.int64)
+        meta = (idx, w, didx, dw, dsrc, 128, e // r)
+        _attempt(results, f"nosync push 1 field R={r}", n.push, pos, mat, 1, 0, cap, [(x, d0)], meta, (sp, st))
+        two = [(x, d0), (s, d1)]
+        _attempt(results, f"nosync push 2 fields R={r}", n.push, pos, mat, 0, 1, cap, two, meta, (sp, st))
+        pair1 = [(x, d0, d0.clone())]
+        pmeta = (idx, w, didx, dw, dsrc, didx.clone(), dw.clone(), dsrc.clone(), e // r)
+        pos2d, sp2 = torch.zeros(r, t, dtype=torch.int64), torch.zeros(r, t, dtype=torch.int64)
+        _attempt(
+            results, f"nosync push_pair 1 field R={r}", n.push_pair, pos2d, mat, 0, 1, cap, pair1, pmeta, (sp2, st)
+        )
+        pair2 = [*pair1, (s, d1, d1.clone())]
+        _attempt(
+            results, f"nosync push_pair 2 fields R={r}", n.push_pair, pos2d, mat, 1, 0, cap, pair2, pmeta, (sp2, st)
+        )
+        _attempt(results, f"nosync push cached R={r}", n.push, pos, mat, 0, 1, cap, [(x, d0)], from_send_pos=True)
+        as32 = [(v.view(torch.int32), v.clone().view(torch.int32)) for v in (didx, dw, dsrc)]
+        outs = [(d0, d0.clone()), (d1, d1.clone())]
+        _attempt(results, f"nosync copy_out meta R={r}", n.copy_out, mat, 1, cap, outs, as32)
+        _attempt(results, f"nosync copy_out cached R={r}", n.copy_out, mat, 1, cap, [(d0, d0.clone())], None)
+        yw = torch.zeros(cap, 2048, dtype=torch.int32)
+        _attempt(results, f"nosync combine_send R={r}", n.combine_send, mat, 0, 1, cap, [(yw, d0)], cap)
+        _attempt(results, f"nosync combine_send 2 R={r}", n.combine_send, mat, 0, 1, cap, [(yw, d0), (s, d1)], cap)
+        pos2, yb = torch.zeros(r, t, dtype=torch.int64), torch.zeros(cap, 4096, dtype=torch.bfloat16)
+        back, o = torch.zeros(r * cap, 4096, dtype=torch.bfloat16), torch.zeros(t, 4096, dtype=torch.bfloat16)
+        _attempt(results, f"nosync reduce bf16 R={r}", n.reduce, pos2, mat, 1, back, yb, o)
+        _attempt(results, f"nosync reduce fp32 R={r}", n.reduce, pos2, mat, 1, torch.zeros(r * cap, k),
+                 torch.zeros(cap, k), torch.zeros(t, k))  # fmt: skip
+
+
 def main() -> int:
     print(f"triton {triton.__version__} ({triton.__file__}), target sm_90", flush=True)
     driver.set_active(_StubDriver())
     results: list[tuple[str, bool]] = []
     _ll_cases(results)
     _fused_cases(results)
+    _nosync_cases(results)
     for name, ok in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     return 0 if all(ok for _, ok in results) else 1

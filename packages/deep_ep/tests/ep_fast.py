@@ -129,3 +129,112 @@ def buf_device(buf: Buffer) -> torch.device:
     if torch.cuda.is_available() and "nccl" in str(dist.get_backend(buf.group)).lower():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _rows_equal(got: object, want: object, n: int) -> bool:
+    """The first n rows of got (a tensor or pair, W rows) equal want bit for bit (dtype and row shape too)."""
+    if isinstance(got, tuple):
+        return isinstance(want, tuple) and all(_rows_equal(a, b, n) for a, b in zip(got, want))
+    return got.shape[0] >= n and same_bits(got[:n], want)
+
+
+def check_worst_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]) -> None:
+    """dispatch(num_worst_tokens=W) (no host sync on the Triton fast path, padded synced path elsewhere):
+    the first received rows equal the reference's bit for bit, the padding is -1 / 0, counts come back as a
+    tensor; cached dispatch and combine (+ weights) through the W-row handle; then a W too small is flagged."""
+    rank, world, dev = buf.rank, buf.group_size, buf_device(buf)
+    comm = Comm(buf.group)
+    xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
+    x, idx, w = xs[rank], idxs[rank], ws[rank]
+    worst = sum(counts) + 5  # every rank passes the same bound (here: more than any rank can receive)
+    x8 = to_fp8(x, seed + rank)
+    for payload in (x, x8, (x8[0], x8[1].to(torch.float8_e8m0fnu))):
+        got = buf.dispatch(payload, topk_idx=idx, topk_weights=w, num_experts=num_experts, expert_alignment=3,
+                           num_worst_tokens=worst)  # fmt: skip
+        want = ref.dispatch(comm, payload, idx, w, num_experts, None, 3)
+        n = want[1].shape[0]
+        assert _rows_equal(got[0], want[0], n), f"rank {rank}: recv_x differs from the reference"
+        assert got[1].shape == (worst, k) and same_bits(got[1][:n], want[1]), f"rank {rank}: recv_topk_idx"
+        assert same_bits(got[2][:n], want[2]), f"rank {rank}: recv_topk_weights"
+        assert bool((got[1][n:] == -1).all()) and bool((got[2][n:] == 0).all()), f"rank {rank}: padding rows"
+        assert isinstance(got[3], torch.Tensor) and got[3].tolist() == want[3], f"rank {rank}: counts {got[3]}"
+        h = got[4]
+        nosync = isinstance(buf._fast, IntranodeNormal) and buf._fast.impl == "triton"
+        assert (h.device_counts is not None) == nosync, "the no-sync path runs exactly on the Triton fast path"
+        h.check()
+        assert h.num_recv_tokens == worst and h.num_real_recv_tokens == n
+        assert h.host_counts()[1] == want[3]
+        assert same_bits(h.recv_src_idx[:n], want[4].recv_src_idx), f"rank {rank}: recv_src_idx"
+        sent = sum(want[4].send_counts)
+        assert same_bits(h.send_token_idx[:sent], want[4].send_token_idx), f"rank {rank}: send_token_idx"
+    handle, want_handle = got[4], want[4]
+    fresh = torch.randn(x.shape[0], 72, generator=torch.Generator().manual_seed(seed + 7 * rank)).to(dev)
+    cached = buf.dispatch(fresh, handle)
+    assert cached[0].shape[0] == worst and _rows_equal(cached[0], ref.cached_dispatch(comm, fresh, want_handle), n)
+    g = torch.Generator().manual_seed(seed + 13 * rank)
+    y = torch.randn(worst, hidden, generator=g).bfloat16().to(dev)
+    rw = torch.rand(worst, k, generator=g).to(dev)
+    got_y, got_w = buf.combine(y, handle, topk_weights=rw)
+    want_y, want_w = ref.combine(comm, y[:n], want_handle, rw[:n])
+    assert same_bits(got_w, want_w), f"rank {rank}: combined weights differ"
+    if dev.type == "cpu" or world == 2:
+        assert same_bits(got_y, want_y), f"rank {rank}: combined x differs from the reference"
+    else:
+        mag = ref.combine(comm, y[:n].float().abs(), want_handle, None)[0]
+        err = (got_y.float() - want_y.float()).abs()
+        assert bool((err <= combine_bound(mag, world)).all()), f"rank {rank}: combine exceeds the bound"
+    assert same_bits(buf.combine(y, handle), got_y), f"rank {rank}: combine without weights differs"
+    if handle.device_counts is not None:  # no-sync: a bound too small is reported by check(), on every rank
+        received = [None] * world
+        dist.all_gather_object(received, n, group=buf.group)
+        small = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=num_experts, num_worst_tokens=1)[4]
+        try:
+            small.check()
+        except ValueError as exc:
+            assert max(received) > 1 and "more rows than num_worst_tokens" in str(exc), str(exc)
+        else:
+            assert max(received) <= 1, f"rank {rank}: no error for a bound of 1 row (received {received})"
+
+
+def worst_graph_equals_eager(buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]) -> None:
+    """CUDA only: no-sync dispatch (bf16 and FP8), a cached dispatch and combine (+ weights) captured in one CUDA
+    graph and replayed 3 times equal the eager calls bit for bit (the received rows of W-row outputs)."""
+    rank, dev = buf.rank, buf_device(buf)
+    xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
+    x, idx, w = xs[rank], idxs[rank], ws[rank]
+    x8 = to_fp8(x, seed + rank)
+    worst = sum(counts)
+    g = torch.Generator().manual_seed(seed + 3 * rank)
+    y = torch.randn(worst, hidden, generator=g).bfloat16().to(dev)
+    rw = torch.rand(worst, k, generator=g).to(dev)
+    args = {"topk_idx": idx, "topk_weights": w, "num_experts": num_experts, "num_worst_tokens": worst}
+
+    def step() -> list[torch.Tensor]:
+        a = buf.dispatch(x, **args)
+        b = buf.dispatch(x8, **args)
+        cached = buf.dispatch(x, a[4])[0]
+        out, out_w = buf.combine(y, a[4], topk_weights=rw)
+        return [a[0], a[1], a[2], b[0][0], b[0][1], b[1], cached, a[3], a[4].device_counts, out, out_w]
+
+    eager = [v.clone() for v in step()]  # first call: grows the buffers outside the graph
+    assert eager[8] is not None, "the no-sync path did not run"
+    n = int(eager[8][-2])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm the caching allocator on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the NCCL watchdog may query events
+        static = step()
+    names = ("recv_x", "idx", "weights", "fp8", "scales", "fp8 idx", "cached", "counts", "matrix", "out", "out_w")
+    for r in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (name, a, b) in enumerate(zip(names, static, eager)):
+            rows = n if i < 7 else a.shape[0]  # W-row outputs: the received rows are defined
+            assert same_bits(a[:rows], b[:rows]), f"rank {rank} replay {r}: {name} differs from eager"
+    got = buf.dispatch(x, **args)  # eager again after the graph: still equal
+    assert same_bits(got[0][:n], eager[0][:n])

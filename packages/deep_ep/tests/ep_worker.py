@@ -18,7 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ep_cases import make_world
-from ep_fast import check_bad_input_raises_everywhere, check_fast_vs_reference
+from ep_fast import (
+    check_bad_input_raises_everywhere,
+    check_fast_vs_reference,
+    check_worst_vs_reference,
+    worst_graph_equals_eager,
+)
 from ep_ll_fast import check_ll_fast, ll_graph_equals_eager
 from ep_low_latency import check_low_latency
 from ep_normal import check_normal
@@ -34,6 +39,8 @@ def run_all(group: dist.ProcessGroup | None, seed: int) -> None:
     w = make_world(world, seed)
     check_normal(buf, w, use_fp8=False)
     check_normal(buf, w, use_fp8=True)
+    if group is not None:  # num_worst_tokens on the reference: the synced result padded to W rows
+        check_worst_vs_reference(buf, seed + 5, 256, 8 * world, 4, [6, 0, 9][:world])
     for use_fp8, round_scale, ue8m0 in ((False, False, False), (True, False, False), (True, True, True)):
         check_low_latency(buf, w, use_fp8, round_scale, ue8m0)
 
@@ -55,6 +62,8 @@ def run_fast(group: dist.ProcessGroup, seed: int) -> None:
         check_fast_vs_reference(buf, seed + 1, 512, experts, 8, [20, 33, 1, 0][:world])  # bf16 rows via Triton
         # the first shape again, new routing: the grown receive capacity and the cached buffer views are reused
         check_fast_vs_reference(buf, seed + 2, 256, experts, 6, [9, 0, 13, 4][:world])
+    # num_worst_tokens: no host sync with the Triton movers, the padded synced path with the torch ones
+    check_worst_vs_reference(buf, seed + 3, 256, experts, 6, [9, 0, 13, 4][:world])
     w = make_world(world, seed)
     check_normal(buf, w, use_fp8=False)
     check_normal(buf, w, use_fp8=True)
@@ -70,6 +79,11 @@ def run_fast_cuda(group: dist.ProcessGroup, seed: int) -> None:
         check_fast_vs_reference(buf, seed, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world])
         check_fast_vs_reference(buf, seed + 1, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world])
         check_fast_vs_reference(buf, seed + 2, 4096, 256, 6, [1, 1, 1, 1, 1, 1, 1, 1][:world])
+        # num_worst_tokens (no host sync with the Triton movers), uneven ranks incl. an empty one
+        check_worst_vs_reference(buf, seed + 3, 4096, 256, 6, [4096, 0, 1000, 77, 5, 9, 2048, 1][:world])
+        check_worst_vs_reference(buf, seed + 4, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world])
+        if impl == "triton":
+            worst_graph_equals_eager(buf, seed + 5, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world])
         buf.destroy()
 
 

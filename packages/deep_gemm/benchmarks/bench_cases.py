@@ -16,7 +16,7 @@ import torch
 from deepinfer import deep_gemm as dg
 from deepinfer.deep_gemm import api_w4a8 as dg_w4a8
 from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8_SWEEP, W4A8Config, default_w4a8_config
-from deepinfer.deep_gemm.backends.cuda.w4a16_configs import SWEEP, W4A16Config, default_config
+from deepinfer.deep_gemm.backends.cuda.w4a16_configs import CUDA_SWEEP, MID, SWEEP, W4A16Config, default_config
 
 FP8 = torch.float8_e4m3fn
 
@@ -32,6 +32,7 @@ GROUPED = {
     "decode_b32": ("random", 32, "decode"),
     "decode_b256": ("random", 256, "decode"),
     "tpe8": ("uniform", 8, "decode"),
+    "tpe64": ("uniform", 64, "mid"),  # the top of the memory-bound regime (the CUDA W4A16 kernel's range)
     "prefill_32x256": ("random", 32 * 256, "prefill"),
     "tpe256": ("uniform", 256, "prefill"),
 }
@@ -129,6 +130,8 @@ _CUTLASS_LARGE_M = [
     ("coop_k_2x1", 3, {}),
     ("coop_k_2x1,dp", 3, {"decomposition": 1}),
     ("coop_k_2x1,dp,rM", 3, {"decomposition": 1, "raster": 1}),
+    ("coop_k_2x2", 5, {}),
+    ("coop_k_2x2,dp", 5, {"decomposition": 1}),
     ("pingpong_k,swz4", 4, {"swizzle": 4}),
 ]
 
@@ -224,6 +227,55 @@ def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor
     return lambda: dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out, config=cfg)
 
 
+# Sweeps per regime: the package's SWEEP plus "mid" (17-96 rows per group: the Triton default MID next to the
+# decode default) for the 64-tokens-per-expert case; W4A8 likewise (the prefill sweep's fastest tile).
+W4A16_SWEEP = {**SWEEP, "mid": (MID, SWEEP["decode"][0])}
+W4A8_SWEEP_ALL = {**W4A8_SWEEP, "mid": (W4A8Config(64, 128, num_warps=8, num_stages=3),)}
+# CUDA W4A16 kernel (kernel 4) variants timed per regime: tokens-per-block 8 and 16 for decode, 32 and 64 for mid.
+CUDA_TN = {"decode": (8, 16), "mid": (32, 64), "prefill": ()}
+
+
+def _w4a16_impl_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, impl: str):
+    """The W4A16 API with env DEEPINFER_DG_W4A16_IMPL = `impl` (auto: CUDA kernel at <= 64 rows per group when
+    `_C` has it, else Triton) around the call, so the rows time the API's own dispatch."""
+    import os
+
+    from deepinfer.deep_gemm import api_w4a16
+
+    def run() -> object:
+        old = os.environ.get(api_w4a16.IMPL_ENV)
+        os.environ[api_w4a16.IMPL_ENV] = impl
+        try:
+            return dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out)
+        finally:
+            if old is None:
+                del os.environ[api_w4a16.IMPL_ENV]
+            else:
+                os.environ[api_w4a16.IMPL_ENV] = old
+
+    return run
+
+
+def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """The CUDA W4A16 kernel per variant of CUDA_TN[regime] and the API's auto choice (only where `_C` has the
+    kernel and the operands are on CUDA: elsewhere the rows would only repeat the Triton ones)."""
+    from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu
+    from deepinfer.deep_gemm.backends.cuda.w4a16_configs import cuda_config
+
+    if not (a.is_cuda and cu.available()):
+        return {}, {}
+    impls, config = {}, {}
+    for tn in CUDA_TN.get(regime, ()):
+        for cfg in CUDA_SWEEP[tn]:
+            impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_call(a, w, offs, out, cfg)
+            config[f"dg_w4a16[{cfg.name}]"] = cfg.name
+    if CUDA_TN.get(regime):
+        impls["dg_w4a16[auto]"] = _w4a16_impl_call(a, w, offs, out, "auto")
+        auto = cuda_config(a.shape[0], offs.numel())
+        config["dg_w4a16[auto]"] = auto.name if auto is not None else default_config(a.shape[0], offs.numel()).name
+    return impls, config
+
+
 def _impl_bytes(impls: dict, active: int, m: int, n: int, k: int, g: int) -> dict[str, float]:
     """Minimum bytes per impl where they differ from the W4A16 count: W4A8 reads FP4 weights + FP8 activations
     (+ their fp32 per-128 scales); the FP8 baselines read FP8 weights of the active experts; torch's bf16 grouped
@@ -256,8 +308,8 @@ def _w4a8_impls(
 
 def w4a16_cases(
     dev: str, layouts: dict[str, tuple[str, int, str]], nks: dict[str, tuple[int, int]], g: int,
-    sweep: dict[str, tuple[W4A16Config, ...]] = SWEEP, baselines: bool = True,
-    sweep_a8: dict[str, tuple[W4A8Config, ...]] = W4A8_SWEEP,
+    sweep: dict[str, tuple[W4A16Config, ...]] = W4A16_SWEEP, baselines: bool = True,
+    sweep_a8: dict[str, tuple[W4A8Config, ...]] = W4A8_SWEEP_ALL,
 ) -> list[Case]:  # fmt: skip
     """m_grouped_bf16_fp4_gemm_nt_contiguous for every swept config (+ the default), the W4A8 grouped GEMM (FP8
     activations, `sweep_a8` + its default), vs torch._grouped_mm (bf16 weights), a per-expert torch._scaled_mm
@@ -281,6 +333,9 @@ def w4a16_cases(
                 config[f"dg_w4a16[{cfg.name}]"] = cfg.name
             impls["dg_w4a16[default]"] = _w4a16_call(a, (packed, scales), offs, out, None)
             config["dg_w4a16[default]"] = default_config(m, g).name
+            cu_impls, cu_config = _w4a16_cuda_impls(a, (packed, scales), offs, out, regime)
+            impls.update(cu_impls)
+            config.update(cu_config)
             a8 = (a * 4).to(FP8)
             w4a8, cfg_a8 = _w4a8_impls(a8, (packed, scales), offs, n, sweep_a8[regime])
             impls.update(w4a8)
@@ -302,3 +357,110 @@ def w4a16_cases(
             case.impl_bytes = _impl_bytes(impls, active, m, n, k, g)
             cases.append(case)
     return cases
+
+
+# ---------------------------------------------------------------- FP8 grouped (contiguous and masked)
+
+FP8_GROUPED_TPE = [8, 64, 256, 1024]  # the issue's tokens per expert, over NUM_EXPERTS experts
+FP8_GROUPED_MASKED_TPE = (8, 64)  # decode sizes: also the masked layout (DeepEP low-latency)
+# CUTLASS grouped variants (name, config, knobs): every config everywhere; scheduler knobs at >= 256 rows per
+# expert (raster 2 = along N, swizzle = CUTLASS's tile swizzle).
+_GROUPED_KNOBS = [
+    ("coop,rN", 0, {"raster": 2}),
+    ("coop,swz2", 0, {"swizzle": 2}),
+    ("coop_2x1,rN", 1, {"raster": 2}),
+    ("coop_2x2,rN", 4, {"raster": 2}),
+]
+
+
+def _grouped_cutlass_impls(run, tpe: int) -> dict[str, Callable[[], object]]:
+    """`run(config, **knobs)` per CUTLASS grouped variant built into `_C` (none without it)."""
+    from deepinfer.deep_gemm.backends.cuda import cutlass_fp8_grouped as cg
+
+    if not cg.available():
+        return {}
+    variants = [(name, cfg, {}) for cfg, name in cg.CONFIGS.items()] + (_GROUPED_KNOBS if tpe >= 256 else [])
+    return {
+        f"dg_fp8_grouped_cutlass[{name}]": (lambda cfg=cfg, kw=kw: run(cfg, **kw))
+        for name, cfg, kw in variants
+        if cfg < cg.built_configs()
+    }
+
+
+def fp8_grouped_cases(
+    dev: str, tpes: list[int], nks: dict[str, tuple[int, int]], g: int, masked_tpes: tuple[int, ...] = ()
+) -> list[Case]:
+    """m_grouped_fp8_gemm_nt_contiguous (and _masked for `masked_tpes`) at `tpe` rows per expert for all g experts:
+    the API default, each CUTLASS variant, the Triton kernel and the per-expert torch._scaled_mm loop. Contiguous
+    rows are expert-sorted without padding (what the CUTLASS kernel and the loop both take). Every dg impl writes
+    `case.out` (cross-checked against the Triton kernel by bench_fp8_dense.py)."""
+    cases = []
+    for wname, (n, k) in nks.items():
+        w, sfb = _fp8_weights3(g, n, k, dev)
+        sw_row = torch.rand(g, 1, n, device=dev) + 0.5
+        for tpe in tpes:
+            rows = tpe * g
+            a, sfa = _fp8_pair(rows, k, dev, block_rows=False)
+            out = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
+            ids = torch.arange(g, device=dev, dtype=torch.int32).repeat_interleave(tpe)
+            impls = _contiguous_impls(a, sfa, w, sfb, out, ids, tpe)
+            sa_row = torch.rand(rows, 1, device=dev) + 0.5
+            impls["torch_scaled_mm_loop_fp8"] = _scaled_mm_loop(a, sa_row, w, sw_row, [tpe] * g)
+            cases.append(_grouped_case("m_grouped_fp8_gemm_nt_contiguous", f"tpe{tpe}", wname, rows, n, k, g, impls,
+                                       out))  # fmt: skip
+            if tpe in masked_tpes:
+                cases.append(_masked_case(a, sfa, w, sfb, wname, tpe, g))
+            del a, sfa, out, ids
+    return cases
+
+
+def _contiguous_impls(a, sfa, w, sfb, out, ids, tpe: int) -> dict[str, Callable[[], object]]:
+    """API, Triton and each CUTLASS variant on one contiguous layout, all writing `out`."""
+    from deepinfer.deep_gemm.backends.cuda import cutlass_fp8_grouped as cg
+    from deepinfer.deep_gemm.backends.cuda import triton_fp8_grouped as fg
+
+    impls = {
+        "dg_fp8_grouped": lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a, sfa), (w, sfb), out, ids),
+        "dg_fp8_grouped_triton": lambda: fg.m_grouped_fp8_contiguous_triton(a, sfa, w, sfb, out, ids, expected_m=tpe),
+    }
+    impls.update(_grouped_cutlass_impls(
+        lambda cfg, **kw: cg.m_grouped_fp8_gemm_nt_contiguous_cutlass(a, sfa, w, sfb, out, ids, config=cfg, **kw),
+        tpe))  # fmt: skip
+    return impls
+
+
+def _fp8_weights3(g: int, n: int, k: int, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random e4m3 expert weights [g, n, k] and 128x128 block scales [g, n/128, k/128]."""
+    w = torch.empty(g, n, k, device=dev, dtype=FP8)
+    for e in range(g):  # one expert at a time: no [g, n, k] fp32 temporary
+        w[e] = (torch.randn(n, k, device=dev) * 4).to(FP8)
+    return w, torch.rand(g, -(-n // 128), k // 128, device=dev) + 0.5
+
+
+def _grouped_case(op: str, layout: str, wname: str, rows: int, n: int, k: int, g: int, impls: dict, out) -> Case:
+    nbytes = rows * k + g * n * k + 2 * rows * n + 4 * rows * (k // 128) + 4 * g * (n // 128) * (k // 128)
+    shape = {"layout": layout, "weights": wname, "m": rows, "n": n, "k": k, "groups": g}
+    config = {name: name[name.index("[") + 1 : -1] for name in impls if "[" in name}
+    return Case(op, shape, impls, 2.0 * rows * n * k, nbytes, "fp8_tflops", config,
+                compare_to=("dg_fp8_grouped", "dg_fp8_grouped_triton"), out=out)  # fmt: skip
+
+
+def _masked_case(a: torch.Tensor, sfa: torch.Tensor, w: torch.Tensor, sfb: torch.Tensor, wname: str, tpe: int,
+                 g: int) -> Case:  # fmt: skip
+    """The masked layout of the same rows: a [g, tpe, k], every count = tpe (m_max = tpe)."""
+    from deepinfer.deep_gemm.backends.cuda import cutlass_fp8_grouped as cg
+    from deepinfer.deep_gemm.backends.cuda import triton_fp8_grouped as fg
+
+    n, k = w.shape[1], w.shape[2]
+    a3, sfa3 = a.view(g, tpe, k), sfa.view(g, tpe, -1)
+    out3 = torch.empty(g, tpe, n, device=a.device, dtype=torch.bfloat16)
+    cnt = torch.full((g,), tpe, dtype=torch.int32, device=a.device)
+    impls = {
+        "dg_fp8_grouped": lambda: dg.m_grouped_fp8_gemm_nt_masked((a3, sfa3), (w, sfb), out3, cnt, tpe),
+        "dg_fp8_grouped_triton": lambda: fg.m_grouped_fp8_masked_triton(a3, sfa3, w, sfb, out3, cnt, tpe),
+    }
+    impls.update(_grouped_cutlass_impls(
+        lambda cfg, **kw: cg.m_grouped_fp8_gemm_nt_masked_cutlass(a3, sfa3, w, sfb, out3, cnt, tpe, config=cfg, **kw),
+        tpe))  # fmt: skip
+    return _grouped_case("m_grouped_fp8_gemm_nt_masked", f"masked{tpe}", wname, g * tpe, n, k, g, impls,
+                         out3.view(g * tpe, n))  # fmt: skip

@@ -202,7 +202,7 @@ def test_auto_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 _BAD_KNOBS = [
-    ({"config": 5}, "config: expected one of"),
+    ({"config": len(cf.CONFIGS)}, "config: expected one of"),
     ({"config": 3, "built": 2}, "config: expected one of"),
     ({"raster": 3}, "raster: expected 0"),
     ({"swizzle": 3}, "swizzle: expected 1, 2, 4 or 8"),

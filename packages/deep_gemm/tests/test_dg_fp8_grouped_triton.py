@@ -81,6 +81,21 @@ def test_contiguous(gids, n, k, block_m, out_dtype, e8m0) -> None:
 
 
 @runnable
+def test_contiguous_ids_out_of_range_zeroed() -> None:
+    """Ids >= g are not validated (no host sync): the kernel zeroes those rows like padding, reads nothing."""
+    gids = [0] * 10 + [5] * 6 + [1] * 8  # 5 is outside the 2 groups
+    a, sfa = _acts((len(gids),), 128, False, seed=71)
+    b, sfb = _weights(2, 32, 128, False, seed=72)
+    ids = torch.tensor(gids, dtype=torch.int32, device=DEV)
+    out = torch.full((len(gids), 32), NAN, dtype=torch.float32, device=DEV)
+    m_grouped_fp8_contiguous_triton(a, sfa, b, sfb, out, ids, block_m=16)
+    bad = ids >= 2
+    assert torch.equal(out[bad], torch.zeros_like(out[bad]))
+    val, mag = _exact_rows(a, sfa, b, sfb, [g if g < 2 else -1 for g in gids])
+    assert_gemm_close(out[~bad].cpu(), val[~bad.cpu()], mag[~bad.cpu()], 128)
+
+
+@runnable
 @pytest.mark.parametrize(("counts", "m_max", "expected_m"), [([0, 5, 17], 17, 8), ([32, 0, 1], 32, 32)])
 def test_masked(counts: list[int], m_max: int, expected_m: int) -> None:
     n, k = 64, 256

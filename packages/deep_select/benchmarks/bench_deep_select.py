@@ -15,8 +15,12 @@ result is checked against torch.topk's values (same multiset of chosen values) b
 Kernels: cuda = what the API runs with `_C` (`csrc/cuda/topk_radix.cu`, CUDA C++): the split
 (`topk_cuda_split`: segments per row, one CTA each, then a merge CTA per row) for few long rows, else one CTA per
 row in the fast mode (filtered one-read pass, prefetched tiles); cuda_fast = the fast mode, one CTA per row, timed
-where cuda is the split; cuda_r1 = round 1's one-read mode (also a baseline: x cuda_r1); cuda_2pass = a histogram
-pass, then a collecting pass over the row (mostly from L2 at n <= 65,536),
+where cuda is the split; cuda_lean = round 3's lean mode, one CTA per row (tile 0 counted then kept, one float
+compare per entry after it, per-lane atomics for the ~1-2 % that pass); cuda_lean_pf = lean + a bulk L2
+prefetch 3 tiles ahead; cuda_lean_split = the API's split with lean segments; cuda_{fast,lean,lean_pf}_s{S} = the
+split with S segments per row at the goal shapes (SEG_SWEEP), also where b fills the GPU; x cuda = against the
+API's default of this run; cuda_r1 = round 1's one-read mode (also a baseline: x cuda_r1); cuda_2pass = a
+histogram pass, then a collecting pass over the row (mostly from L2 at n <= 65,536),
 v3 = `triton_filter.py` (1 read + a small scratch), split = `triton_split.py` (rows cut into segments so that
 few rows fill the GPU; measured where the API picks it: b * 2 < SM count and n >= 16,384). Without `_C` the
 API runs split where it applies, else v3. `--impls` adds the older v1 = `triton_topk.py` (5 reads) and
@@ -58,9 +62,25 @@ from deepinfer.deep_select.backends.cuda.triton_topk import topk_triton  # noqa:
 COPY_GBPS = kk.H200_CEILINGS["hbm_copy_gbps"]
 MAX_INPUT_BYTES = 8 * 10**9
 TIME_BUDGET_S = 150.0  # stop starting new shapes after this (the run must stay under 200 s; compiles included)
-IMPLS = ("torch.topk", "cuda", "cuda_fast", "cuda_r1", "cuda_2pass", "triton_v3", "triton_split")
+IMPLS = (
+    "torch.topk", "cuda", "cuda_fast", "cuda_lean", "cuda_lean_pf", "cuda_lean_split", "cuda_r1", "cuda_2pass",
+    "triton_v3", "triton_split",
+)  # fmt: skip
 OPTIONAL_IMPLS = ("triton_v1", "triton_v2")  # --impls: measured only when asked
-BASELINES = ("torch.topk", "triton_v3", "cuda_r1")
+BASELINES = ("torch.topk", "cuda", "triton_v3", "cuda_r1")  # cuda = the API's default in this run
+# Segment counts swept at the goal shapes (round 3, idea 1: split rows into S segments even when b fills the GPU;
+# idea 4: more segments for b = 1): (b, n, k) -> S values, each measured with the fast and / or lean pass as
+# cuda_{fast,lean}_s{S} (topk_cuda_split: S CTAs per row, then one merge CTA per row over S x k ids).
+SEG_SWEEP = {
+    (256, 65536, 512): ((2, 4), ("fast", "lean", "lean_pf")),
+    (256, 262144, 512): ((2, 4), ("lean",)),
+    (256, 262144, 2048): ((2,), ("lean",)),
+    (4096, 262144, 512): ((2,), ("lean",)),
+    (64, 262144, 512): ((8, 16), ("lean",)),
+    (64, 262144, 2048): ((8,), ("lean",)),
+    (1, 262144, 512): ((44,), ("lean",)),
+    (1, 262144, 2048): ((6, 22, 32), ("lean",)),
+}
 _EXTRA: set[str] = set()  # optional implementations asked for on the command line
 
 
@@ -98,6 +118,14 @@ def _fns(x: torch.Tensor, k: int) -> dict:
         fns["cuda"] = lambda: dispatch._select_cuda(x, k, None, None, None)  # the API's choice, no fallback
         if segs > 1:  # cuda is the split here: also the one-CTA-per-row fast kernel
             fns["cuda_fast"] = lambda: cuda_topk.topk_cuda(x, k, mode="fast")
+        fns["cuda_lean"] = lambda: cuda_topk.topk_cuda(x, k, mode="lean")  # round 3: one CTA per row
+        fns["cuda_lean_pf"] = lambda: cuda_topk.topk_cuda(x, k, mode="lean_pf")  # + bulk L2 prefetch
+        if segs > 1:  # the API's split with lean segments
+            fns["cuda_lean_split"] = lambda: cuda_topk.topk_cuda_split(x, k, segs, mode="lean")
+        sweep, modes = SEG_SWEEP.get((x.shape[0], x.shape[1], k), ((), ()))
+        for s_ in sweep:
+            for m_ in modes:
+                fns[f"cuda_{m_}_s{s_}"] = lambda s_=s_, m_=m_: cuda_topk.topk_cuda_split(x, k, s_, mode=m_)
         fns["cuda_r1"] = lambda: cuda_topk.topk_cuda(x, k, mode="one_read")
         fns["cuda_2pass"] = lambda: cuda_topk.topk_cuda(x, k, mode="two_pass")
     fns["triton_v3"] = lambda: topk_triton_v3(x, k)
@@ -302,6 +330,7 @@ def table(path: str) -> str:
             continue
         xs = " | ".join(f"{r[f'x_{b}']:.2f}" if r.get(f"x_{b}") else "-" for b in bases)
         rows.append(f"{head} {r['median_us']:.1f} | {r['gbps']:.0f} | {r['pct_of_copy']:.1f} | {xs} |")
+    rows += ["", *_best_table(doc["records"])]
     if fused:
         rows += [
             "",
@@ -317,6 +346,31 @@ def table(path: str) -> str:
         xs = f"{x:.2f}" if x else "-"
         rows.append(f"{head} {r['median_us']:.1f} | {r['tflops']:.1f} | {r['pct_of_bf16']:.1f} | {xs} |")
     return "\n".join(rows)
+
+
+def _best_table(records: list[dict]) -> list[str]:
+    """Per shape: the API's default (cuda), the fastest CUDA variant of the same run and its x cuda / x torch.topk
+    (what an auto rule would pick)."""
+    shapes: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        if r["op"] != "indexer_fused" and "median_us" in r and r.get("check", "ok") == "ok":
+            shapes.setdefault((r["op"], r["dtype"], r["b"], r["n"], r["k"]), {})[r["impl"]] = r["median_us"]
+    rows = [
+        "| op | dtype | b | n | k | cuda (us) | fastest CUDA variant | its time (us) | x cuda | x torch.topk |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, times in shapes.items():
+        cands = {i: t for i, t in times.items() if i.startswith("cuda") and i not in ("cuda_r1", "cuda_2pass")}
+        if "cuda" not in times or not cands:
+            continue
+        best = min(cands, key=cands.get)
+        tt = times.get("torch.topk")
+        xt = f"{tt / cands[best]:.2f}" if tt else "-"
+        head = " | ".join(str(v) for v in key)
+        rows.append(
+            f"| {head} | {times['cuda']:.1f} | {best} | {cands[best]:.1f} | {times['cuda'] / cands[best]:.2f} | {xt} |"
+        )
+    return rows
 
 
 def main() -> None:

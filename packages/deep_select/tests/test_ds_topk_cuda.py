@@ -158,6 +158,9 @@ def test_emulated_kernel_matches_reference(emu: ctypes.CDLL, dist: str) -> None:
         (37, 8192, False, "two_pass", lengths),
         (37, 8192, True, "fast", lengths),
         (150, 2, False, "fast", None),
+        (37, 8192, True, "lean", lengths),
+        (150, 2, False, "lean", None),
+        (37, 8192, True, "lean_pf", lengths),
     )
     for k, cap, vec, mode, lens in cases:
         got = run_emu(emu, scores, k, lens, cap=cap, vec=vec, mode=mode)
@@ -215,7 +218,22 @@ def test_emulated_fast_mode_many_tiles(emu: ctypes.CDLL, dist: str, dtype: torch
     assert_same_sets(scores, 200, got, ref.topk_ragged(scores, 200, starts, ends)[0], f"{dist} {dtype} ragged")
 
 
-def test_emulated_fast_mode_ascending_and_descending(emu: ctypes.CDLL) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_emulated_16bit_nan_picks(emu: ctypes.CDLL, dtype: torch.dtype) -> None:
+    """16-bit rows whose picks run into the NaNs (ranked last, ties by column): the refine skips the u[9:0]
+    digit of 16-bit values, which is 0 except for NaN's rank image (0x3FF)."""
+    g = torch.Generator().manual_seed(78)
+    row = torch.randn(2, 3000, generator=g)
+    row[:, torch.randperm(3000, generator=g)[:2000]] = float("nan")
+    row = row.to(dtype)
+    for mode in ("fast", "lean", "two_pass"):
+        for k in (1500, 1001):
+            got = run_emu(emu, row, k, mode=mode)
+            assert_same_sets(row, k, got, ref.topk(row, k)[0], f"NaN picks {dtype} k={k} mode={mode}")
+
+
+@pytest.mark.parametrize("mode", ["fast", "lean"])
+def test_emulated_fast_mode_ascending_and_descending(emu: ctypes.CDLL, mode: str) -> None:
     """Rows where every tile beats the last (the kept set overflows: two-pass fallback), the best come first
     (everything after tile 0 is filtered out), and ties across the filter's bucket boundary."""
     n = 5_000  # 5 tiles of 1,024
@@ -224,8 +242,50 @@ def test_emulated_fast_mode_ascending_and_descending(emu: ctypes.CDLL) -> None:
     steps = (torch.arange(n) // 700).to(torch.float32)[None]  # 700-long runs of equal values, ascending
     for name, row in (("rising", rising), ("falling", falling), ("steps", steps)):
         for k, cap in ((700, 8192), (701, 1500), (5, 3)):
-            got = run_emu(emu, row, k, cap=cap, mode="fast")
-            assert_same_sets(row, k, got, ref.topk(row, k)[0], f"{name} k={k} cap={cap}")
+            got = run_emu(emu, row, k, cap=cap, mode=mode)
+            assert_same_sets(row, k, got, ref.topk(row, k)[0], f"{name} k={k} cap={cap} mode={mode}")
+
+
+_LEAN_CASES = [  # (dist, dtype, ks, caps): cap 1,500 prunes between tiles, 700 overflows (two-pass fallback)
+    ("normal", torch.float32, (1, 300), (8192, 1500, 700)),  # float compare, interior and edge tiles
+    ("bits_tiny", torch.bfloat16, (300,), (8192, 700)),  # denormal thresholds (float compare of bf16 << 16)
+    ("nan_hot", torch.float16, (300,), (8192, 1500)),  # fp16: rank compare
+    ("signed_zeros", torch.float32, (1500,), (8192,)),  # threshold bucket at +-0.0: -0.0 >= +0.0
+    ("nan_inf", torch.float32, (2000, 4000), (8192,)),  # thresholds at -inf and below it (NaN): rank compare
+    ("normal", torch.bfloat16, (1, 300), (8192, 1500)),
+    ("bucket_edges", torch.float32, (300, 2500), (8192, 1500)),  # values on bucket lower bounds: the compare is >=
+    ("bucket_edges", torch.bfloat16, (300,), (8192,)),
+]
+
+
+def _bucket_edges(b: int, n: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Values drawn from lower bounds of the kernel's first-digit buckets (sign, exponent, 3 mantissa bits; the
+    negatives' bounds are their magnitudes' upper ends), so the k-th value sits on a bucket edge."""
+    edges = torch.tensor([3.0, 2.5, 2.0, 1.125, 1.0, 0.75, -0.5, -1.0, -2.25, -3.0e-39], dtype=torch.float32)
+    return edges[torch.randint(0, len(edges), (b, n), generator=g)].to(dtype)
+
+
+@pytest.mark.parametrize(("dist", "dtype", "ks", "caps"), _LEAN_CASES)
+def test_emulated_lean_mode_many_tiles(emu: ctypes.CDLL, dist: str, dtype: torch.dtype, ks: tuple, caps: tuple) -> None:
+    """Lean mode over many tiles (64 emulated threads x 4 x 16 B: 1,024 fp32 / 2,048 16-bit entries): tile 0
+    counted then kept, the float / rank threshold compare, tiles inside the row (no validity math) and crossing
+    its end or `lengths`, refreshes, pruning (cap 1,500) and overflow (cap 700); ragged rows with scalar loads."""
+    g = torch.Generator().manual_seed(77)
+    n = 9_000
+    make = _bucket_edges if dist == "bucket_edges" else lambda *a: _scores(dist, *a)
+    scores = make(2, n + 8, dtype, g)[:, :n]  # row stride n + 8 keeps 16-byte aligned rows
+    lengths = torch.tensor([n, 6_001], dtype=torch.int32)
+    for k in ks:
+        for cap in caps:
+            got = run_emu(emu, scores, k, lengths, cap=cap, mode="lean")
+            want = ref.topk(scores, k, lengths)[0]
+            assert_same_sets(scores, k, got, want, f"lean {dist} {dtype} k={k} cap={cap}")
+    starts = torch.tensor([5, 1_003], dtype=torch.int32)
+    ends = torch.tensor([n, 7_777], dtype=torch.int32)
+    want = ref.topk_ragged(scores, ks[-1], starts, ends)[0]
+    for vec in (False, True):  # 16-byte loads: starts off the vector grid (the first vector straddles lo)
+        got = run_emu(emu, scores, ks[-1], ends, starts, vec=vec, mode="lean")
+        assert_same_sets(scores, ks[-1], got, want, f"lean {dist} {dtype} ragged vec={vec}")
 
 
 @pytest.mark.parametrize(("dist", "dtype"), [("normal", torch.float32), ("few_values", torch.bfloat16)])
@@ -260,6 +320,23 @@ def _ascending(idx: torch.Tensor) -> torch.Tensor:
     return torch.where(s == 2**30, torch.full_like(s, -1), s)
 
 
+def test_choose_split_fill() -> None:
+    """SPLIT_FILL (CTAs per SM the split aims at): 2 splits only b <= SMs; 4 also splits b = 256 in 2."""
+    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=2) == 1
+    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=4) == 2
+    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=2) == 4
+    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=4) == 8
+    assert cuda_topk.choose_split(1, 262144, 2048, 132, fill=2) == 11  # sqrt(n / k)
+    assert cuda_topk.choose_split(1, 8192, 16, 132) == 1  # short rows never split
+
+
+def test_topk_cuda_bad_default_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad DEEPINFER_DEEP_SELECT_CUDA_MODE (cuda_topk.DEFAULT_MODE) names the variable at the first call."""
+    monkeypatch.setattr(cuda_topk, "DEFAULT_MODE", "quick")
+    with pytest.raises(ValueError, match="DEEPINFER_DEEP_SELECT_CUDA_MODE.*'quick'"):
+        cuda_topk.topk_cuda(torch.randn(2, 8), 3)
+
+
 def test_topk_cuda_errors_without_module() -> None:
     if cuda_topk.available():
         pytest.skip("the compiled module is present")
@@ -292,7 +369,8 @@ def test_gpu_compiled_module_present() -> None:
 @pytest.mark.parametrize("dist", _ALL_DISTS)
 @pytest.mark.parametrize("dtype", _DTYPES)
 def test_gpu_cuda_distributions(dist: str, dtype: torch.dtype) -> None:
-    """Every distribution, n from 1 to 65,536, k in {1, 64, 512, 1024, 2048} and k > n, with and without lengths."""
+    """Every distribution, n from 1 to 65,536, k in {1, 64, 512, 1024, 2048} and k > n, with and without lengths,
+    every mode (lean: with lengths)."""
     g = torch.Generator().manual_seed(81)
     for n in (1, 2, 7, 100, 1000, 4096, 65536):
         b = 16 if n < 65536 else 8
@@ -300,7 +378,9 @@ def test_gpu_cuda_distributions(dist: str, dtype: torch.dtype) -> None:
         lengths = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32)
         lengths[:3] = torch.tensor([0, n, n + 7], dtype=torch.int32)[: min(3, b)]
         for k in (1, 64, 512, 1024, 2048):
-            for lens, mode in ((None, "fast"), (lengths, "fast"), (lengths, "one_read"), (lengths, "two_pass")):
+            runs = ((None, "fast"), (lengths, "fast"), (lengths, "one_read"), (lengths, "two_pass"), (lengths, "lean"))
+            runs += ((None, "lean_pf"),)
+            for lens, mode in runs:
                 got = _run(scores, k, lens, mode=mode)
                 want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
                 note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} mode={mode}"
@@ -317,7 +397,8 @@ for n in (4096, 6000, 8192):  # the first launch of every instantiation at n = 4
             for vec in (True, False):
                 cuda_topk.topk_cuda(x, 5, mode=mode, vectorize=vec)
         for vec in (True, False):
-            cuda_topk.topk_cuda_split(x, 5, 2, vectorize=vec)
+            for mode in cuda_topk.SPLIT_MODES:
+                cuda_topk.topk_cuda_split(x, 5, 2, vectorize=vec, mode=mode)
 torch.cuda.synchronize()
 print("ok")
 """
@@ -361,7 +442,15 @@ def test_gpu_cuda_long_rows(dist: str, dtype: torch.dtype) -> None:
         scores = _scores(dist, b, n, dtype, g).cuda()
         lengths = torch.tensor([n, n - 1, 3000, 2049, 2048, 1], dtype=torch.int32)
         for k in (50, 512, 2048):
-            for lens, mode in ((None, "fast"), (lengths, "fast"), (lengths, "one_read"), (None, "two_pass")):
+            for lens, mode in (
+                (None, "fast"),
+                (lengths, "fast"),
+                (lengths, "one_read"),
+                (None, "two_pass"),
+                (None, "lean"),
+                (lengths, "lean"),
+                (None, "lean_pf"),
+            ):
                 got = _run(scores, k, lens, mode=mode)
                 want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
                 note = f"{dist} {dtype} n={n} k={k} lengths={lens is not None} mode={mode}"
@@ -378,7 +467,15 @@ def test_gpu_cuda_small_cap_and_scalar_loads(cap: int, dist: str) -> None:
     for dtype in _DTYPES:
         scores = _scores(dist, 8, 5000, dtype, g).cuda()
         for k in (1, 300, 2048):
-            for vec, mode in ((True, "fast"), (False, "fast"), (False, "one_read"), (True, "two_pass")):
+            for vec, mode in (
+                (True, "fast"),
+                (False, "fast"),
+                (False, "one_read"),
+                (True, "two_pass"),
+                (True, "lean"),
+                (False, "lean"),
+                (True, "lean_pf"),
+            ):
                 got = _run(scores, k, cap=cap, vectorize=vec, mode=mode)
                 want, _ = ref.topk(scores, k, None)
                 assert_same_sets(scores, k, got, want, f"{dist} {dtype} k={k} cap={cap} vec={vec} mode={mode}")
@@ -422,7 +519,7 @@ def test_gpu_cuda_benchmark_shapes(b: int, n: int, k: int) -> None:
     for mode in cuda_topk.MODES:
         assert_same_sets(scores, k, _run(scores, k, mode=mode), want, f"b={b} n={n} k={k} mode={mode}")
     rising = torch.arange(n, device="cuda", dtype=torch.float32).repeat(min(b, 8), 1)  # one-read overflow fallback
-    for mode in ("fast", "one_read"):
+    for mode in ("fast", "one_read", "lean", "lean_pf"):
         got = _run(rising, k, mode=mode)
         assert_same_sets(rising, k, got, ref.topk(rising, k)[0], f"ascending rows n={n} k={k} mode={mode}")
 
@@ -440,11 +537,12 @@ def test_gpu_cuda_split(dist: str, dtype: torch.dtype) -> None:
         scores = _scores(dist, b, n, dtype, g).cuda()
         lengths = torch.tensor([n, n - 5, 3000, 2047], dtype=torch.int32)
         for k in (1, 50, 512, 2048):
-            for lens in (None, lengths):
-                got = cuda_topk.topk_cuda_split(scores, k, segs, lengths=None if lens is None else lens.cuda())
+            for lens, mode in ((None, "fast"), (lengths, "fast"), (lengths, "lean"), (None, "lean_pf")):
+                dl = None if lens is None else lens.cuda()
+                got = cuda_topk.topk_cuda_split(scores, k, segs, lengths=dl, mode=mode)
                 torch.cuda.synchronize()
-                want, _ = ref.topk(scores, k, None if lens is None else lens.cuda())
-                note = f"split {dist} {dtype} n={n} segs={segs} k={k} lengths={lens is not None}"
+                want, _ = ref.topk(scores, k, dl)
+                note = f"split {dist} {dtype} n={n} segs={segs} k={k} lengths={lens is not None} mode={mode}"
                 assert_same_sets(scores, k, got, want, note)
         got = cuda_topk.topk_cuda_split(scores, 300, 4, cap=100)  # the merge's pruning and overflow fallback
         assert_same_sets(scores, 300, got, ref.topk(scores, 300)[0], f"split {dist} {dtype} n={n} cap 100")
@@ -470,6 +568,51 @@ def test_gpu_cuda_api_choice_matches_reference(b: int, n: int, k: int) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert_same_sets(scores, k, out, ref.topk(scores, k)[0], f"graph replay b={b} n={n} k={k} segs={segs}")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_gpu_cuda_lean_bucket_edges(dtype: torch.dtype) -> None:
+    """Lean mode (round 3) where its float threshold matters: values on the first digit's bucket edges (the
+    compare is >= the bucket's lower bound), -0.0 / +0.0 thresholds, NaN / -inf thresholds, denormals, all-equal
+    rows; n from 1,000 to 262,144 (tiles inside the row and crossing lengths), k up to 2,048; direct and split."""
+    g = torch.Generator().manual_seed(89)
+    for n in (1000, 4096, 65536, 262144):
+        b = 4
+        lengths = torch.tensor([n, n - 3, n // 2 + 1, 777], dtype=torch.int32).cuda()
+        for dist in ("bucket_edges", "signed_zeros", "nan_inf", "bits_tiny", "all_equal"):
+            make = _bucket_edges if dist == "bucket_edges" else lambda *a, d=dist: _scores(d, *a)
+            scores = make(b, n, dtype, g).cuda()
+            for k in (1, 512, 2048):
+                for lens, mode in ((None, "lean"), (lengths, "lean"), (lengths, "lean_pf")):
+                    got = _run(scores, k, lens, mode=mode)
+                    want, _ = ref.topk(scores, k, lens)
+                    note = f"{mode} {dist} {dtype} n={n} k={k} lengths={lens is not None}"
+                    assert_same_sets(scores, k, got, want, note)
+            if n >= 65536:
+                got = cuda_topk.topk_cuda_split(scores, 512, 8, lengths=lengths, mode="lean")
+                want, _ = ref.topk(scores, 512, lengths)
+                assert_same_sets(scores, 512, got, want, f"lean split {dist} {dtype} n={n}")
+
+
+@gpu
+@_NEEDS_C
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_cuda_16bit_nan_picks(dtype: torch.dtype) -> None:
+    """16-bit rows whose picks run into the NaNs (the refine's skipped u[9:0] digit is 0x3FF for NaN), every mode
+    and the split, n up to 262,144."""
+    g = torch.Generator().manual_seed(90)
+    for n in (3000, 65536, 262144):
+        row = torch.randn(3, n, generator=g)
+        row[:, torch.randperm(n, generator=g)[: n - 1000]] = float("nan")
+        row = row.to(dtype).cuda()
+        for k in (1001, 2048):
+            want = ref.topk(row, k)[0]
+            for mode in cuda_topk.MODES:
+                assert_same_sets(row, k, _run(row, k, mode=mode), want, f"NaN picks {dtype} n={n} k={k} {mode}")
+            got = cuda_topk.topk_cuda_split(row, k, 4, mode="lean")
+            assert_same_sets(row, k, got, want, f"NaN picks split {dtype} n={n} k={k}")
 
 
 @gpu

@@ -9,14 +9,22 @@ Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in
 window rows plus 512 distinct random rows of its 16,384 compressed rows (CSA at 64K context), about 3 % of
 positions set to -1; HCA at 1M context: 128 window + all 8,192 compressed rows of the request, b in {1, 32}.
 Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4
-compressed rows), one cache, about 3 % holes.
+compressed rows), one cache, about 3 % holes. Engine calls (`engine_decode` b = 32 / 128, `engine_prefill` t = 4,096:
+the main list into the BF16 pool plus `extra_kv` = the step's new rows, as model/attention.py calls it): `split`
+(the Triton kernel, what the engine ran until the CUDA kernel took extra_kv) against `cuda`.
 
 Implementations, timed in the same run: `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on the
 584-byte FP8 rows), `chunked` / `chunked_fp8` (triton_split_chunked: the tile in 64-dim chunks, FP8 scales per
 chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `deferred_fp8` (triton_split_deferred: P
 @ V one tile behind, scores not duplicated across warpgroups; kernel="deferred"), `cuda` / `cuda_fp8`
 (csrc/cuda/fm_sparse_decode.cu, the compiled sm_90a wgmma kernel; kernel="cuda"; GPU runs only, an error record when
-_C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), `legacy`
+_C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), the CUDA
+kernel's small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge of the split partials
+pdl / last CTA; plain `cuda` = default plan + Triton combine) and `cuda_prefetch` (prefill: L2 prefetch of the
+token one wave ahead), the warp-specialised kernel `cuda_ws[_fp8]` / `cuda_ws2[_fp8]` (cuda_ws_decode.py, two
+variants; `_s<n>` forced splits; at b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations
+`cuda_ws[2]_abl_<mode>[_fp8]`, modes producer / consumer / no_xchg / qk_only / pv_only / no_softmax, WRONG numbers by
+design: where the time goes), `legacy`
 (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32 softmax, BF16 cache); "x split (same
 cache)" is the speed-up over `split` / `split_fp8` (today's default).
 TFLOPS = 2 * 64 * (valid indices) * (512 + 512) / time (the issue's formula);
@@ -137,6 +145,46 @@ def _raise(why: str):  # noqa: ANN202
     raise RuntimeError(why)
 
 
+def _ws_impls(fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablations: bool) -> dict:
+    """`cuda_ws` / `cuda_ws_fp8` and `cuda_ws2` / `cuda_ws2_fp8`: the warp-specialised kernel's variants
+    (cuda_ws_decode.py, csrc/cuda/fm_ws_decode.cu) with the serial kernel's split plan, next to `cuda` / `cuda_fp8`,
+    plus `cuda_ws[2][_fp8]_s<n>` forced split counts and, with `ablations`, the timing-only modes
+    `cuda_ws[2]_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes). Raisers when a probe failed (a fault
+    would end this process's CUDA context); without _C.sparse_decode_ws every call records the wrapper's ValueError."""
+    from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
+
+    fns, probe_of = {}, {}
+    for variant in ws.VARIANTS:
+        modes = [m for m in ws.ABLATIONS if m != "full"] if ablations else []
+        for n, mode in [(None, "full")] + [(n, "full") for n in splits] + [(None, m) for m in modes]:
+            base = f"cuda_{variant}" + (f"_s{n}" if n else "") + ("" if mode == "full" else f"_abl_{mode}")
+            kw = dict(num_splits=n, variant=variant, ablation=mode)
+            fns[base] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, c, i, s, SCALE, **kw)
+            if fp8_cache is not None:
+                fns[f"{base}_fp8"] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, fp8_cache, i, s, SCALE, **kw)
+            probe_of.update({base: variant, f"{base}_fp8": variant} if mode == "full" else
+                            {base: "ablations", f"{base}_fp8": "ablations"})  # fmt: skip
+    for key in sorted(set(probe_of.values())):
+        if key not in _PROBE:
+            if not ws.available():
+                ok, out = True, ""
+            elif key == "ablations":
+                ok, out = ws.probe_ablations(timeout_s=60.0)
+            else:
+                ok, out = ws.probe(timeout_s=60.0, variant=key)  # a hang costs <= 60 s of the run
+            _PROBE[key] = None if ok else f"warp-specialised kernel probe ({key}) failed: {out[-400:]}"
+            _log(f"cuda_ws kernel {key}: available={ws.available()} probe={_PROBE[key] or 'ok or n/a'}")
+    bad = {k: _PROBE[probe_of[k]] for k in fns}
+    return {k: (lambda q, c, i, s, why=bad[k]: _raise(why)) if bad[k] else fn for k, fn in fns.items()}
+
+
+def _ws_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
+    """Forced split counts of the warp-specialised kernel (32-row tiles: up to 20 splits at 640 indices)."""
+    if (op, b, s_q) in (("decode", 2, 2), ("decode", 1, 1)):
+        return (10, 20)
+    return (130, 260) if (op, b, s_q) == ("decode_hca1m", 1, 1) else ()
+
+
 _PROBE: dict[str, str | None] = {}
 
 
@@ -188,8 +236,44 @@ def _cuda_splits(n: int) -> list[tuple[str, dict]]:
     return [(f"cuda_s{n}", dict(kernel="cuda", num_splits=n)), (f"cuda_fp8_s{n}", dict(kernel="cuda", num_splits=n))]
 
 
-def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, fp8: torch.Tensor | None, cfg):
-    """Time every implementation on one shape; returns one record per implementation."""
+def _cuda_plan_variants(op: str, b: int, s_q: int) -> list[tuple[str, dict]]:
+    """The CUDA kernel's small-batch plans (cuda_sparse_decode PLANS x MERGES) where the default plan splits: they
+    decide DEFAULT_OPTIONS (rows `cuda[_fp8]_<plan>_<merge>` against `cuda[_fp8]`)."""
+    if op == "prefill" or (op, b, s_q) == ("decode", 256, 4):  # several waves of CTAs: the L2 prefetch
+        return [("cuda_prefetch", dict(kernel="cuda", cuda_prefetch=True))]
+    if (op, s_q) not in (("decode", 1), ("decode", 2), ("decode_hca1m", 1)) or b > 2:
+        return []
+    out = []
+    for plan, merge in (("default", "pdl"), ("default", "last_cta"), ("fine", "triton"), ("fine", "pdl"),
+                        ("fine", "last_cta"), ("auto", "pdl")):  # fmt: skip
+        for f in ("", "_fp8"):
+            name = f"cuda{f}_{plan}_{merge.replace('_cta', '')}"
+            out.append((name, dict(kernel="cuda", cuda_plan=plan, cuda_merge=merge)))
+    return out
+
+
+def _extra_impls(extra_kv: torch.Tensor, extra_idx: torch.Tensor, reference: bool) -> dict:
+    """The engine's call: main list into the pool plus extra_kv / extra_indices; Triton (`split`) vs `cuda`."""
+    from deepinfer.flash_mla import reference as ref
+    from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
+
+    kw = dict(extra_kv=extra_kv, extra_indices=extra_idx)
+    fns = {name: (lambda q, c, i, s, k=kernel: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel=k, **kw))
+           for name, kernel in (("split", "fused"), ("cuda", "cuda"))}  # fmt: skip
+    if reference:
+        fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE, extra_kv, extra_idx)
+    bad = _cuda_probe_error()
+    if bad is not None:
+        fns["cuda"] = lambda q, c, i, s, why=bad: _raise(why)
+    return fns
+
+
+def run_case(
+    op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, fp8: torch.Tensor | None, cfg,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+):  # fmt: skip
+    """Time every implementation on one shape; returns one record per implementation. extra: (extra_kv [t, D],
+    extra_indices [t, k2]) for the engine's call (then only `split`, `cuda` and `reference` run)."""
     import kernelkit as kk
 
     t, k = idx.shape[0] * (idx.shape[1] if idx.dim() == 3 else 1), idx.shape[-1]
@@ -197,14 +281,20 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, 
     g = torch.Generator(device=cache.device).manual_seed(t * 7 + k)
     q = torch.randn(t, H, D, generator=g, device=cache.device).bfloat16()
     sink = torch.randn(H, generator=g, device=cache.device)
-    valid = int((idx2 >= 0).sum())  # host read outside the timed region
+    valid = int((idx2 >= 0).sum()) + (int((extra[1] >= 0).sum()) if extra else 0)  # host reads, not timed
     flops = 2 * H * valid * (D + D)
-    fixed = 2 * t * H * D * 2 + idx2.numel() * 4
-    shape = f"b={b} s_q={s_q} k={k}" if op != "prefill" else f"t={t} k={k}"
+    fixed = 2 * t * H * D * 2 + idx2.numel() * 4 + (extra[1].numel() * 4 if extra else 0)
+    extra_impls = _extra_impls(*extra, cfg["reference"]) if extra else None
+    shape = f"b={b} s_q={s_q} k={k}" if not op.endswith("prefill") else f"t={t} k={k}"
+    shape += f"+{extra[1].shape[1]}" if extra else ""
     recs, ref_out = [], None
     # Past the variant deadline (compiles are most of the GPU run's 120 s) only the main implementations run.
     variants = _variants(op, b, s_q, cfg["smoke"]) if time.time() < cfg["variant_deadline"] else []
-    impls = _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"])
+    variants += [] if cfg["smoke"] else _cuda_plan_variants(op, b, s_q)  # no compiles: always
+    impls = extra_impls or _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"])
+    if extra is None and not cfg["smoke"]:  # the warp-specialised kernel next to `cuda` / `cuda_fp8`
+        abl = (op, b, s_q) in (("decode", 128, 2), ("prefill", 4096, 1))  # the ablation rows: where the time goes
+        impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl))
     if variants and ((op, b, s_q) == ("decode", 128, 2) or (cfg["smoke"] and op == "decode")):
         impls.update(_l2_hot(impls, idx2))
     for name, fn in impls.items():
@@ -230,8 +320,11 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, cache: torch.Tensor, 
             rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
         recs.append(rec)
         _log(f"  {op} {shape} {name}: {_summary(rec)}")
-    _finish_case(recs, ref_out, (op, b if op != "prefill" else t, s_q if op != "prefill" else 1, k))
+    _finish_case(recs, ref_out, (op, b if not op.endswith("prefill") else t, s_q if op != "prefill" else 1, k))
     return recs
+
+
+_L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8")
 
 
 def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
@@ -239,7 +332,7 @@ def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
     BF16 rows, L2-resident after the first touch; holes kept, so the FLOPs are the same). Close to the normal
     time: the kernel is bound by its own latency / compute, not HBM; much faster: by the gather."""
     hot = torch.where(idx2 >= 0, idx2 % 1024, idx2)
-    names = [n for n in ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8") if n in impls]
+    names = [n for n in _L2HOT if n in impls]
     return {f"{n}_l2hot": (lambda q, c, i, s, f=impls[n]: f(q, c, hot, s)) for n in names}
 
 
@@ -263,6 +356,9 @@ def _finish_case(recs: list[dict], ref_out: torch.Tensor | None, key: tuple) -> 
         same = "split_fp8" if "fp8" in r["impl"] else "split"  # the Triton kernel on the same cache format
         if same in times and same != r["impl"]:
             r["x_vs_default_same_cache"] = times[same] / r["median_us"]
+        cu = "cuda_fp8" if "fp8" in r["impl"] else "cuda"  # the CUDA kernel's default plan, same cache
+        if r["impl"].startswith("cuda") and cu in times and cu != r["impl"]:
+            r["x_vs_cuda_same_cache"] = times[cu] / r["median_us"]
         if out is not None and ref_out is not None and r["impl"] != "reference" and "l2hot" not in r["impl"]:
             r["max_abs_err_vs_ref"] = float((out.float() - ref_out.float()).abs().max())
         if fm is not None:
@@ -304,6 +400,10 @@ def run(smoke: bool, out_path: str | None) -> list[dict]:
         records += run_case(op, b, s_q, idx, cache, fp8, cfg)
         if out_path:
             kk.write_results_json(out_path, records, meta)
+    if not smoke:
+        records += _engine_cases(cache, region, g, cfg)
+        if out_path:
+            kk.write_results_json(out_path, records, meta)
     del fp8, cache
     for t, k_comp, win in pre:
         idx, rows = prefill_indices(t, k_comp, win, g)
@@ -314,6 +414,27 @@ def run(smoke: bool, out_path: str | None) -> list[dict]:
             kk.write_results_json(out_path, records, meta)
     _log(f"done in {time.time() - t0:.1f} s")
     return records
+
+
+def _engine_cases(cache: torch.Tensor, region: int, g: torch.Generator, cfg: dict) -> list[dict]:
+    """The engine's calls (model/attention.py): decode b = 32 / 128 (640 main indices + 128 window slots of the
+    step's new rows, one valid: the token's own) and a fresh 4,096-token prompt (no ring rows: the main list's 128
+    window slots are -1; 128 new-row window slots; 512 compressed rows)."""
+    recs, cfg = [], dict(cfg, legacy=False)
+    for b in (32, 128):
+        idx = decode_indices(b, 1, 16384, 512, 128, region, g).view(b, -1)
+        new_kv = torch.randn(b, D, generator=g, device=cache.device).bfloat16()
+        win = torch.full((b, 128), -1, dtype=torch.int32, device=cache.device)
+        win[:, -1] = torch.arange(b, dtype=torch.int32, device=cache.device)
+        recs += run_case("engine_decode", b, 1, idx, cache, None, cfg, extra=(new_kv, win))
+    t = 4096
+    idx, _ = prefill_indices(t, 512, 128, g)
+    idx[:, :128] = -1  # fresh prompt: nothing in the ring
+    new_kv = torch.randn(t, D, generator=g, device=cache.device).bfloat16()
+    kpos = torch.arange(t, device=cache.device)[:, None] - 127 + torch.arange(128, device=cache.device)[None, :]
+    win = torch.where(kpos >= 0, kpos, -1).to(torch.int32)
+    recs += run_case("engine_prefill", t, 1, idx, cache, None, dict(cfg, reference=False), extra=(new_kv, win))
+    return recs
 
 
 def table(path: str) -> str:

@@ -33,7 +33,7 @@ class Case:
     # named Triton configs timed side by side with the API's default (same args; "triton:<name>" records)
     variants: dict[str, Callable] = field(default_factory=dict)
     smoke_variants: bool = True  # False: --smoke skips them (a config that is slow in the interpreter)
-    compile_baseline: bool = True  # False: no torch.compile (one compile per op, at the 16,384-token shape)
+    compile_baseline: bool = True  # False: no torch.compile baseline for this case
 
 
 def _launcher(module: str, name: str) -> Callable:
@@ -59,6 +59,7 @@ _POOL = _launcher("triton_pool", "softmax_pool_triton")
 _HADAMARD = _launcher("triton_hadamard", "hadamard_triton")
 _HAD_FP4 = _launcher("triton_hadamard", "hadamard_fp4_triton")
 _FP4 = _launcher("triton_fp4", "fp4_group_quant_triton")
+_ROUTE = _launcher("triton_route", "moe_route_triton")
 
 
 def _ptgq(tile: int, warps: int) -> Callable:
@@ -74,7 +75,9 @@ def _g(seed: int) -> torch.Generator:
 
 
 def _randn(dev: str, *shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0, seed: int = 0):
-    return (torch.randn(*shape, generator=_g(seed)) * scale).to(dtype).to(dev)
+    """Seeded normal values made on `dev` itself (a CPU draw of the 16,384-token inputs took seconds each)."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return (torch.randn(*shape, generator=g, device=dev) * scale).to(dtype)
 
 
 def _mhc_args(dev: str, t: int, rows: int, nscale: int) -> tuple:
@@ -135,10 +138,92 @@ def _hash_bytes(args: tuple, out: object) -> int:
     return tensor_bytes((ids, out)) + gathered * (tid2eid.element_size() + logits.element_size())
 
 
-def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
-    """The benchmark list: t tokens (16384 on the GPU), mhc_pre also at each of t_mhc (4096)."""
-    # The newest kernels first (if a run is cut short, their baselines come first); every case gets its
-    # torch.compile baseline within the 200 s budget.
+_MHC = _launcher("triton_mhc", "mhc_pre_triton")
+_MHC_HEAD = _launcher("triton_mhc", "mhc_head_triton")
+# triton_mhc_fused's FUSED_CONFIGS (last split finishes) and SPIN_CONFIGS (finish spread over F programs)
+MHC_FUSED_CONFIGS = ("default", "spin", "bt32_s32", "bt16_s16", "bt64_s16", "spin_bt64")
+KEEP_VARIANTS = ("mhc_pre", "mhc_head")  # ops whose named configs run at every token count, not only the largest
+
+
+def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
+    """The one-launch kernel (impl="fused") next to the API's two launches: its default and "spin" configs at
+    every t, the other configs from 4,096 tokens up (where the L2 re-read matters) when all_configs (mhc_pre;
+    the head is the same kernel: two configs, each JIT compile costs seconds)."""
+    names = MHC_FUSED_CONFIGS if t >= 4096 and all_configs else MHC_FUSED_CONFIGS[:2]
+    return {
+        ("fused" if cfg == "default" else f"fused_{cfg}"): functools.partial(fn, impl="fused", config=cfg)
+        for cfg in names
+    }
+
+
+def _routing(dev: str, t: int, seed: int) -> torch.Tensor:
+    """V4-Flash routing: top-6 distinct experts of 256 per token (random scores), int32 [t, 6]."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return torch.rand(t, EXPERTS, generator=g, device=dev).topk(TOPK, dim=1).indices.to(torch.int32)
+
+
+def _permute_args(dev: str, t: int, block: int | None) -> tuple:
+    return _randn(dev, t, HIDDEN, seed=40), _routing(dev, t, 41), EXPERTS, block
+
+
+def _unpermute_args(dev: str, t: int) -> tuple:
+    perm = ref.moe_permute(_randn(dev, t, HIDDEN, seed=42), _routing(dev, t, 43), EXPERTS)
+    w = torch.rand(t, TOPK, generator=torch.Generator(device=dev).manual_seed(44), device=dev)
+    return _randn(dev, perm.x.shape[0], HIDDEN, seed=45), perm.src_map, w
+
+
+def _permute_api(x: torch.Tensor, idx: torch.Tensor, e: int, block: int | None):  # noqa: ANN202
+    return tk.moe_permute(x, idx, e, block=block)
+
+
+def _permute_ref(x: torch.Tensor, idx: torch.Tensor, e: int, block: int | None):  # noqa: ANN202
+    return ref.moe_permute(x, idx, e, block=block)
+
+
+def _moe_cases(dev: str, t: int, full: bool) -> list[Case]:
+    """moe_permute (block None; with full, also DeepGEMM's 128-row padding) and moe_unpermute."""
+    blocks = (None, 128) if full else (None,)
+    c = [
+        Case(
+            "moe_permute",
+            f"x [{t}, {HIDDEN}] bf16, {EXPERTS} experts, top-{TOPK}" + ("" if b is None else f", block {b}"),
+            lambda b=b: _permute_args(dev, t, b),
+            _permute_api,
+            _permute_ref,
+        )
+        for b in blocks
+    ]
+    c.append(
+        Case(
+            "moe_unpermute",
+            f"y [{t * TOPK}, {HIDDEN}] bf16 -> [{t}, {HIDDEN}], top-{TOPK}",
+            lambda: _unpermute_args(dev, t),
+            tk.moe_unpermute,
+            ref.moe_unpermute,
+        )
+    )
+    return c
+
+
+def cases(dev: str, tokens: tuple[int, ...]) -> list[Case]:
+    """The benchmark list: every op at each token count in `tokens`, in that order. Named Triton configs run at
+    the largest count only (the mHC one-launch configs at every count: `_mhc_variants`). Order per count: MoE
+    permutation, mHC, then the other ops."""
+    out: list[Case] = []
+    for t in tokens:
+        full = t == max(tokens)
+        for case in _moe_cases(dev, t, full) + sorted(_op_cases(dev, t), key=lambda c: c.op not in KEEP_VARIANTS):
+            if not full and case.op not in KEEP_VARIANTS:
+                case.variants = {}
+            # torch.compile (2-8 s a case) only at the largest count and the launch-bound ones (<= 64 tokens):
+            # the time box cannot hold every count's; in between the goals are % of copy and x eager
+            case.compile_baseline = full or t <= 64
+            out.append(case)
+    return out
+
+
+def _op_cases(dev: str, t: int) -> list[Case]:
+    """Every op but the MoE permutation at t tokens (V4-Flash shapes)."""
     c = [
         Case(
             "hash_route",
@@ -262,8 +347,8 @@ def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
         ),
         Case(
             "softmax_pool",
-            f"CSA [{t // 4}, 8, {HEAD_DIM}] fp32",
-            lambda: _pool_args(dev, t // 4, 8),
+            f"CSA [{max(1, t // 4)}, 8, {HEAD_DIM}] fp32",
+            lambda: _pool_args(dev, max(1, t // 4), 8),
             tk.softmax_pool,
             ref.softmax_pool,
             variants={"bc512_w4": functools.partial(_POOL, block_c=512, num_warps=4)},
@@ -284,20 +369,22 @@ def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
             lambda: _route_args(dev, t),
             tk.moe_route,
             ref.moe_route,
+            variants={  # several tokens per program (the default: one token, one warp at E = 256)
+                f"bt{bt}_w{w}": functools.partial(_ROUTE, block_t=bt, num_warps=w)
+                for bt, w in ((4, 4), (8, 4), (16, 8))
+            },
         ),
     ]
-    for tm in t_mhc:
-        c.append(
-            Case(
-                "mhc_pre",
-                f"[{tm}, {HC}, {HIDDEN}] bf16",
-                lambda tm=tm: _mhc_args(dev, tm, (2 + HC) * HC, 3),
-                tk.mhc_pre,
-                ref.mhc_pre,
-                compile_baseline=tm == t_mhc[0],  # its goal at 4,096 tokens is against eager
-            )
-        )
     c += [
+        Case(
+            "mhc_pre",
+            f"[{t}, {HC}, {HIDDEN}] bf16",
+            lambda: _mhc_args(dev, t, (2 + HC) * HC, 3),
+            tk.mhc_pre,
+            ref.mhc_pre,
+            variants=_mhc_variants(_MHC, t),
+            smoke_variants=False,  # ~3 s a call interpreted at V4 width; the unit tests cover the kernel
+        ),
         Case(
             "mhc_post",
             f"[{t}, {HC}, {HIDDEN}] bf16",
@@ -311,6 +398,8 @@ def cases(dev: str, t: int, t_mhc: tuple[int, ...]) -> list[Case]:
             lambda: _mhc_args(dev, t, HC, 1),
             tk.mhc_head,
             ref.mhc_head,
+            variants=_mhc_variants(_MHC_HEAD, t, all_configs=False),
+            smoke_variants=False,
         ),
     ]
     return c

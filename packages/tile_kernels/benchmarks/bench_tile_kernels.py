@@ -1,14 +1,19 @@
 """Benchmark tile_kernels on V4-Flash shapes against torch eager and torch.compile of the reference (one run).
 
-    python packages/tile_kernels/benchmarks/bench_tile_kernels.py --out RESULT.json   # H200: 16,384 tokens
+    python packages/tile_kernels/benchmarks/bench_tile_kernels.py --out RESULT.json   # H200: 16,384 / 64 / 1 / 4,096
+    python packages/tile_kernels/benchmarks/bench_tile_kernels.py --tokens 1,64 --out SMALL.json  # some counts only
     TRITON_INTERPRET=1 python packages/tile_kernels/benchmarks/bench_tile_kernels.py --smoke   # CPU, tiny shapes
     python packages/tile_kernels/benchmarks/bench_tile_kernels.py --table RESULT.json  # README markdown table
 
 Per case (op, shape) three implementations are timed with kernelkit.bench_cuda (CUDA events, L2 flushed):
 "api" (the public function: Triton where wired), "eager" (the PyTorch reference) and "compile"
-(torch.compile of the reference, compiled once per case; with --smoke Dynamo's "eager" backend). No new
-compile starts after --compile-budget seconds (140) so the run stays under 200 s (round 1 took 78 s with 4
-compiles; each compile costs 2-8 s, so every case gets its baseline). One record per (op, shape, impl):
+(torch.compile of the reference, compiled once per case, static shapes; with --smoke Dynamo's "eager" backend).
+Token counts (--tokens, default 16384,4096,64,1, run in that order): every op at each count; at 1 and 64 tokens
+the ops are launch bound, so compare time and x eager / x compile there, not % of copy. torch.compile baselines
+at the largest count and at counts <= 64 only (4,096: its goals are % of copy and x eager). Time boxes (the whole
+run < 200 s): no new compile starts after --compile-budget seconds (140; each costs 2-8 s, so the count run last
+may lack some: "skipped: compile budget"), no named config after 160 s and no case after 185 s ("skipped: time
+budget"). One record per (op, shape, impl):
 median_us, GB/s of the bytes truly read + written, % of the 4.07 TB/s copy ceiling; "api" records add api_path
 (detected), x_eager, x_compile (same run), max_abs_diff_vs_eager.
 Named Triton configs of a case (`Case.variants`: tile sizes / warps of the memory-bound kernels, the Hadamard's
@@ -40,6 +45,9 @@ COPY_GBPS = kernelkit.H200_CEILINGS["hbm_copy_gbps"]
 COMPILE_BUDGET_S = 140.0  # no new torch.compile after this many seconds (each costs 2-8 s; round 1 run: 78 s)
 SMOKE_COMPILE_BUDGET_S = 20.0
 VARIANT_BUDGET_S = 160.0  # no named Triton config starts after this many seconds (each JIT-compiles once)
+CASE_BUDGET_S = 185.0  # no case starts after this many seconds (the run must end within 200 s)
+DEFAULT_TOKENS = (16384, 4096, 64, 1)  # largest first (the round-1 numbers; 4,096 has no compile baseline)
+SMOKE_TOKENS = (8,)
 DEFAULT_OUT = _HERE / "results" / "h200.json"
 
 
@@ -136,7 +144,7 @@ def run_case(
             rec = {"op": case.op, "shape": case.shape, "impl": impl, "error": repr(exc)[:500]}
         recs.append(rec)
     if not compile_ok:
-        why = "compile budget" if case.compile_baseline else "one compile per op (at 16,384 tokens)"
+        why = "compile budget" if case.compile_baseline else "no compile baseline at this token count (time box)"
         recs.append({"op": case.op, "shape": case.shape, "impl": "compile", "error": f"skipped: {why}"})
     recs += _run_variants(case, args, nbytes, warmup, rep, max_variants)
     for rec in recs:
@@ -179,15 +187,23 @@ def _summary(rec: dict) -> str:
 
 
 def run(
-    smoke: bool, out: pathlib.Path | None, warmup: int, rep: int, compile_budget: float = COMPILE_BUDGET_S
+    smoke: bool,
+    out: pathlib.Path | None,
+    warmup: int,
+    rep: int,
+    compile_budget: float = COMPILE_BUDGET_S,
+    tokens: tuple[int, ...] | None = None,
 ) -> list[dict]:
     dev = "cpu" if smoke else "cuda"
     if not smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke on CPU")
     t0 = time.monotonic()
     records: list[dict] = []
-    all_cases = cases(dev, 8, (4,)) if smoke else cases(dev, 16384, (16384, 4096))
+    all_cases = cases(dev, tokens or (SMOKE_TOKENS if smoke else DEFAULT_TOKENS))
     for case in all_cases:
+        if not smoke and time.monotonic() - t0 > CASE_BUDGET_S:
+            records.append({"op": case.op, "shape": case.shape, "impl": "api", "error": "skipped: time budget"})
+            continue
         compile_ok = case.compile_baseline and time.monotonic() - t0 < compile_budget
         n_var = (
             (1 if case.smoke_variants else 0) if smoke else (None if time.monotonic() - t0 < VARIANT_BUDGET_S else 0)
@@ -224,6 +240,8 @@ def table(path: pathlib.Path) -> str:
     doc = json.loads(path.read_text())
     lines = [
         f"GPU: {doc.get('gpu')}, {doc.get('date')}; x = speed-up of the API over the baseline, same run.",
+        "At 1 and 64 tokens the ops are launch bound: compare the time and x eager / x torch.compile there; their %",
+        "of the copy ceiling is not meaningful (a few KB to MB moved in a few us). '-': no baseline (time box).",
         "",
         "| op | shape | API path | time (us) | GB/s | % of 4.07 TB/s | x eager | x torch.compile |",
         "|---|---|---|---|---|---|---|---|",
@@ -275,6 +293,12 @@ def main() -> None:
     ap.add_argument(
         "--compile-budget", type=float, default=COMPILE_BUDGET_S, help="seconds after which no new torch.compile starts"
     )
+    ap.add_argument(
+        "--tokens",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=None,
+        help=f"token counts, comma-separated, run in that order (default {','.join(map(str, DEFAULT_TOKENS))})",
+    )
     a = ap.parse_args()
     if a.table is not None:
         print(table(a.table))
@@ -283,7 +307,7 @@ def main() -> None:
     smoke_default = a.smoke and (a.warmup, a.rep) == (3, 20)  # the interpreter is slow: one warm-up, two reps
     # --smoke: Dynamo traces only the first cases (each costs seconds on 2 cores; the run must stay under 60 s)
     budget = min(a.compile_budget, SMOKE_COMPILE_BUDGET_S) if a.smoke else a.compile_budget
-    run(a.smoke, out, 1 if smoke_default else a.warmup, 2 if smoke_default else a.rep, budget)
+    run(a.smoke, out, 1 if smoke_default else a.warmup, 2 if smoke_default else a.rep, budget, a.tokens)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ _Q = _kernels("triton_quant")
 _F = _kernels("triton_fused")
 _R = _kernels("triton_rope")
 _P = _kernels("triton_pool")
+_RT = _kernels("triton_route")
 DEV = "cuda" if _CUDA else "cpu"
 
 
@@ -84,6 +85,20 @@ def check_configs(t: int) -> None:
     for bc, w in ((32, 4), (64, 8), (16, 4)):
         err = (_P.softmax_pool_triton(kv, sc, block_c=bc, num_warps=w) - want).abs()
         assert (err <= 1e-5 * scale).all(), f"pool bc{bc}: max err {err.max():.3g}"
+    _check_route_configs(t)
+
+
+def _check_route_configs(t: int) -> None:
+    """moe_route with several tokens per program: the same ids; the same weights up to the order of the renorm
+    (and softmax) sums, a few fp32 ulps (4 * 2^-24 relative)."""
+    logits, bias = _randn(t, 256, seed=8, dtype=torch.float32), _randn(256, seed=9, scale=0.1, dtype=torch.float32)
+    for scoring in ("sqrtsoftplus", "softmax"):
+        w0, i0 = _RT.moe_route_triton(logits, bias, 6, scoring, 1.5)
+        for bt, nw in ((4, 4), (8, 4), (16, 8)):
+            w1, i1 = _RT.moe_route_triton(logits, bias, 6, scoring, 1.5, block_t=bt, num_warps=nw)
+            _equal(i1, i0, f"route {scoring} bt{bt} ids")
+            err = (w1 - w0).abs().max().item()
+            assert err <= 4 * 2.0**-24 * 1.5, f"route {scoring} bt{bt}: weights off by {err:.3g}"
 
 
 def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -19,6 +19,8 @@ from deepinfer.tile_kernels.backends.cuda import triton_fp4 as f4
 from deepinfer.tile_kernels.backends.cuda import triton_fused as f
 from deepinfer.tile_kernels.backends.cuda import triton_hadamard as hd
 from deepinfer.tile_kernels.backends.cuda import triton_mhc as mh
+from deepinfer.tile_kernels.backends.cuda import triton_mhc_fused as mf
+from deepinfer.tile_kernels.backends.cuda import triton_moe as mo
 from deepinfer.tile_kernels.backends.cuda import triton_pool as p
 from deepinfer.tile_kernels.backends.cuda import triton_quant as q
 from deepinfer.tile_kernels.backends.cuda import triton_rope as ro
@@ -97,6 +99,14 @@ for sc in (0, 1, 2):
         rs,
         {"HAS_BIAS": True, "SCORING": sc, "RENORM": True, "K": 6, "BLOCK_E": 256, "BLOCK_K": 8},
         1,
+    )
+for sc, (bt, nw) in ((0, (4, 4)), (1, (8, 4)), (2, (16, 8))):
+    go(
+        f"route rows scoring {sc} bt{bt}",
+        r._route_rows_kernel,
+        {**rs, "T": "i32"},
+        {"HAS_BIAS": True, "SCORING": sc, "RENORM": True, "K": 6, "BLOCK_T": bt, "BLOCK_E": 256, "BLOCK_K": 8},
+        nw,
     )
 go(
     "route nobias k1",
@@ -378,5 +388,98 @@ for sc in (0, 1, 2):
         "BLOCK_E": 256 if sc == 2 else 16,
     }
     go(f"hash route scoring {sc}", r._hash_route_kernel, hrs, hcx, 4)
+
+# one-launch mHC (triton_mhc_fused.py): pre with each config's constexprs, head with the default's (a few s each)
+for head in (False, True):
+    for name, (bt, _splits, warps, bd, bs) in mf.FUSED_CONFIGS.items():
+        if head and name != "default":
+            continue
+        fus = {
+            "x_ptr": "*bf16",
+            "fn_ptr": "*fp32",
+            "part_ptr": "*fp32",
+            "sq_ptr": "*fp32",
+            "cnt_ptr": "*i32",
+            "scale_ptr": "*fp32",
+            "base_ptr": "*fp32",
+            "xin_ptr": "*bf16",
+            "post_ptr": "*bf16" if head else "*fp32",
+            "comb_ptr": "*bf16" if head else "*fp32",
+            "T": "i32",
+            "S": "i32",
+            "stride_xt": "i64",
+            "stride_xh": "i64",
+            "stride_xd": "i64",
+            "stride_fn_r": "i64",
+            "stride_fn_c": "i64",
+            "k_per_split": "i32",
+            "rms_eps": "fp32",
+            "hc_eps": "fp32",
+            "sinkhorn_iters": "i32",
+        }
+        cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": mh.MIX_BLOCK_K, "BLOCK_D": bd}
+        cx.update({"BLOCK_S": bs, "PRECISION": "bf16x3", "HEAD": head})
+        go(f"mhc fused head={head} {name}", mf._mhc_fused_kernel, fus, cx, warps)
+    for name, (bt, _splits, _fin, warps, bd, bs) in mf.SPIN_CONFIGS.items():
+        if head and name != "spin":
+            continue
+        sps = {**fus, "F": "i32", "d_per_fin": "i32", "spin_limit": "i32"}
+        cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": mh.MIX_BLOCK_K, "BLOCK_D": bd}
+        cx.update({"BLOCK_S": bs, "PRECISION": "bf16x3", "HEAD": head})
+        go(f"mhc spin head={head} {name}", mf._mhc_spin_kernel, sps, cx, warps)
+
+# MoE permute / un-permute (triton_moe.py)
+for it in ("*i64", "*i32"):
+    hs_ = {"idx_ptr": it, "hist_ptr": "*i32", "rank_ptr": "*i32", "n_slots": "i32", "nb": "i32", "E": "i32"}
+    go(f"moe hist {it}", mo._hist_kernel, hs_, {"BLOCK_S": mo.BLOCK_S, "BLOCK_E": mo.HIST_BLOCK_E})
+    rs_ = {
+        "idx_ptr": it,
+        "hist_ptr": "*i32",
+        "rank_ptr": "*i32",
+        "start_ptr": "*i32",
+        "x_ptr": "*i16",
+        "out_ptr": "*i16",
+        "src_ptr": "*i32",
+        "row_expert_ptr": "*i32",
+        "nb": "i32",
+        "H": "i32",
+        "stride_xt": "i64",
+        "stride_xh": "i64",
+    }
+    go(f"moe rows {it}", mo._rows_kernel, rs_, {"K": 6, "K_PAD": 8, "BLOCK_S": mo.BLOCK_S, "BLOCK_H": 4096})
+go("moe scan", mo._scan_kernel, {"hist_ptr": "*i32", "counts_ptr": "*i32", "nb": "i32"}, {"BLOCK": 1024})
+go(
+    "moe offsets",
+    mo._offsets_kernel,
+    {"counts_ptr": "*i32", "offsets_ptr": "*i32", "start_ptr": "*i32", "E": "i32"},
+    {"STEP": 128, "BLOCK": 256},
+)
+pad_s = {
+    "counts_ptr": "*i32",
+    "start_ptr": "*i32",
+    "offsets_ptr": "*i32",
+    "out_ptr": "*i16",
+    "row_expert_ptr": "*i32",
+    "H": "i32",
+}
+go("moe pad", mo._pad_kernel, pad_s, {"BLOCK_R": 8, "BLOCK_H": 1024})
+for yt, ot in (("*bf16", "*bf16"), ("*fp32", "*fp32"), ("*bf16", "*fp32")):
+    us_ = {
+        "y_ptr": yt,
+        "src_ptr": "*i32",
+        "w_ptr": "*fp32",
+        "out_ptr": ot,
+        "H": "i32",
+        "stride_yp": "i64",
+        "stride_yh": "i64",
+        "stride_st": "i64",
+        "stride_sk": "i64",
+        "stride_wt": "i64",
+        "stride_wk": "i64",
+    }
+    ptx = go(f"moe unpermute {yt}->{ot}", mo._unpermute_kernel, us_, {"K": 6, "BLOCK_H": 1024}, 4, False)
+    if ptx is not None and "fma.rn" in ptx:
+        FAILED.append("moe unpermute has an FMA")
+        print("FAIL moe unpermute: fma in PTX with fp fusion off", flush=True)
 
 sys.exit(1 if FAILED else 0)

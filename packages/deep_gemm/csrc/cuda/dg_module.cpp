@@ -31,6 +31,7 @@ const ConfigEntry kConfigs[kCutlassFp8Configs] = {
     {cutlass_fp8_workspace_size_coop_k, cutlass_fp8_gemm_coop_k},
     {cutlass_fp8_workspace_size_coop_k_2x1, cutlass_fp8_gemm_coop_k_2x1},
     {cutlass_fp8_workspace_size_pingpong_k, cutlass_fp8_gemm_pingpong_k},
+    {cutlass_fp8_workspace_size_coop_k_2x2, cutlass_fp8_gemm_coop_k_2x2},
 };
 
 void check_range(const char* name, int value, int lo, int hi) {
@@ -49,7 +50,49 @@ void check_knobs(int config, const CutlassFp8Args& args) {
     throw std::invalid_argument("swizzle: expected 1, 2, 4 or 8, got " + std::to_string(args.swizzle));
   }
 }
+struct GroupedEntry {
+  int64_t (*aux_bytes)(int);
+  int64_t (*workspace_size)(int);
+  void (*run)(const CutlassFp8GroupedArgs&);
+};
+
+// Index = grouped config number (dg_cutlass_fp8.h).
+const GroupedEntry kGroupedConfigs[kCutlassFp8GroupedConfigs] = {
+    {cutlass_fp8_grouped_aux_bytes_coop, cutlass_fp8_grouped_workspace_size_coop, cutlass_fp8_grouped_gemm_coop},
+    {cutlass_fp8_grouped_aux_bytes_coop_2x1, cutlass_fp8_grouped_workspace_size_coop_2x1,
+     cutlass_fp8_grouped_gemm_coop_2x1},
+    {cutlass_fp8_grouped_aux_bytes_pingpong, cutlass_fp8_grouped_workspace_size_pingpong,
+     cutlass_fp8_grouped_gemm_pingpong},
+    {cutlass_fp8_grouped_aux_bytes_coop_1x1, cutlass_fp8_grouped_workspace_size_coop_1x1,
+     cutlass_fp8_grouped_gemm_coop_1x1},
+    {cutlass_fp8_grouped_aux_bytes_coop_2x2, cutlass_fp8_grouped_workspace_size_coop_2x2,
+     cutlass_fp8_grouped_gemm_coop_2x2},
+};
+
+void check_grouped(int config, int groups) {
+  check_range("config", config, 0, kCutlassFp8GroupedConfigs - 1);
+  check_range("groups", groups, 1, 1 << 20);
+}
 }  // namespace
+
+int64_t cutlass_fp8_grouped_aux_bytes(int config, int groups) {
+  check_grouped(config, groups);
+  return kGroupedConfigs[config].aux_bytes(groups);
+}
+
+int64_t cutlass_fp8_grouped_workspace_size(int config, int groups) {
+  check_grouped(config, groups);
+  return kGroupedConfigs[config].workspace_size(groups);
+}
+
+void cutlass_fp8_grouped_gemm(const CutlassFp8GroupedArgs& args) {
+  check_grouped(args.config, args.groups);
+  check_range("raster", args.raster, 0, 2);
+  if (args.swizzle != 1 && args.swizzle != 2 && args.swizzle != 4 && args.swizzle != 8) {
+    throw std::invalid_argument("swizzle: expected 1, 2, 4 or 8, got " + std::to_string(args.swizzle));
+  }
+  kGroupedConfigs[args.config].run(args);
+}
 
 int64_t cutlass_fp8_workspace_size(int config, const CutlassFp8Args& args) {
   check_knobs(config, args);
@@ -105,21 +148,31 @@ PYBIND11_MODULE(_C, m) {
       py::arg("splits") = 1,
       "D = beta*C + blockscaled(A) @ blockscaled(B)^T (see csrc/cuda/cutlass/dg_cutlass_fp8.h for layouts).");
   m.def("has_cutlass_fp8_grouped", []() { return true; });
-  m.def("cutlass_fp8_grouped_aux_bytes", &dg::cutlass_fp8_grouped_aux_bytes, py::arg("groups"),
-        "Bytes of the per-expert device arrays of the grouped contiguous FP8 GEMM.");
-  m.def("cutlass_fp8_grouped_workspace_size", &dg::cutlass_fp8_grouped_workspace_size, py::arg("groups"),
-        "Bytes of CUTLASS workspace of the grouped contiguous FP8 GEMM.");
+  m.attr("cutlass_fp8_grouped_configs") = dg::kCutlassFp8GroupedConfigs;
+  m.def("cutlass_fp8_grouped_aux_bytes", &dg::cutlass_fp8_grouped_aux_bytes, py::arg("config"), py::arg("groups"),
+        "Bytes of the per-expert device arrays of the grouped FP8 GEMM.");
+  m.def("cutlass_fp8_grouped_workspace_size", &dg::cutlass_fp8_grouped_workspace_size, py::arg("config"),
+        py::arg("groups"), "Bytes of CUTLASS workspace of the grouped FP8 GEMM.");
   m.def(
       "cutlass_fp8_grouped_gemm",
       [](uintptr_t a, uintptr_t sfa, uintptr_t b, uintptr_t sfb, uintptr_t d, uintptr_t m_indices, int rows, int n,
-         int k, int groups, uintptr_t aux, uintptr_t workspace, uintptr_t stream) {
+         int k, int groups, uintptr_t aux, uintptr_t workspace, uintptr_t stream, int masked, int m_max, int config,
+         int raster, int swizzle) {
         dg::CutlassFp8GroupedArgs args{a, sfa, b, sfb, d, m_indices, rows, n, k, groups, aux, workspace, stream};
+        args.masked = masked;
+        args.m_max = m_max;
+        args.config = config;
+        args.raster = raster;
+        args.swizzle = swizzle;
         py::gil_scoped_release release;
         dg::cutlass_fp8_grouped_gemm(args);
       },
       py::arg("a"), py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("d"), py::arg("m_indices"),
       py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("groups"), py::arg("aux"), py::arg("workspace"),
-      py::arg("stream"), "M-grouped contiguous FP8 GEMM (see csrc/cuda/cutlass/dg_cutlass_fp8.h).");
+      py::arg("stream"), py::arg("masked") = 0, py::arg("m_max") = 0, py::arg("config") = 0, py::arg("raster") = 0,
+      py::arg("swizzle") = 1,
+      "M-grouped FP8 GEMM, contiguous (masked=0, m_indices = row ids) or masked (masked=1, m_indices = masked_m) "
+      "layout (see csrc/cuda/cutlass/dg_cutlass_fp8.h).");
 #else
   m.def("has_cutlass_fp8", []() { return false; });
   m.def("has_cutlass_fp8_grouped", []() { return false; });

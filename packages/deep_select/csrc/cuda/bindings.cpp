@@ -44,4 +44,6 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MODE_TWO_PASS") = 0;
   m.attr("MODE_ONE_READ") = 1;
   m.attr("MODE_FAST") = 2;
+  m.attr("MODE_LEAN") = 3;
+  m.attr("MODE_LEAN_PF") = 4;
 }

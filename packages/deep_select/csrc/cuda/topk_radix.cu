@@ -130,6 +130,8 @@ cudaError_t launch_vec(bool vec, int mode, const void* scores, int64_t b, int64_
   const int64_t sb = stride_b, so = stride_ob, sk = stride_ok;
   using detail::kGather;
   using detail::kModeFast;
+  using detail::kModeLean;
+  using detail::kModeLeanPf;
   using detail::kModeOneRead;
   using detail::kModeTwoPass;
   if (sp.gather != nullptr) {  // the split's merge: fast mode only
@@ -137,11 +139,16 @@ cudaError_t launch_vec(bool vec, int mode, const void* scores, int64_t b, int64_
     return launch<DT | kGather, false, kModeFast>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
   }
   if (vec) {
+    if (mode == kModeLean) return launch<DT, true, kModeLean>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
+    if (mode == kModeLeanPf)
+      return launch<DT, true, kModeLeanPf>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
     if (mode == kModeFast) return launch<DT, true, kModeFast>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
     if (mode == kModeOneRead)
       return launch<DT, true, kModeOneRead>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
     return launch<DT, true, kModeTwoPass>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
   }
+  if (mode == kModeLean || mode == kModeLeanPf)  // no prefetch without 16-byte loads: plain lean
+    return launch<DT, false, kModeLean>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
   if (mode == kModeFast) return launch<DT, false, kModeFast>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
   if (mode == kModeOneRead)
     return launch<DT, false, kModeOneRead>(scores, b, n, sb, l, s, out, k, so, sk, cap, sp, stream);
@@ -167,7 +174,7 @@ int topk_radix_launch(std::uintptr_t scores, int dtype, std::int64_t b, std::int
   auto strm = reinterpret_cast<cudaStream_t>(stream);
   cudaError_t err = cudaErrorInvalidValue;
   snprintf(g_last_error, sizeof(g_last_error), "unknown dtype code %d or mode %d", dtype, mode);
-  if (mode < detail::kModeTwoPass || mode > detail::kModeFast) return static_cast<int>(err);
+  if (mode < detail::kModeTwoPass || mode > detail::kModeLeanPf) return static_cast<int>(err);
   switch (dtype) {
     case kFloat32:
       err = launch_vec<kFloat32>(vec, mode, sp, b, n, stride_b, lp, st, op, k, stride_ob, stride_ok, cap, split, strm);

@@ -16,7 +16,9 @@ enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 //   cap:     shared-memory candidate slots per CTA (1 .. 8192); vec: false = scalar loads, true = 16-byte loads
 //            (the caller checked that every row base is 16-byte aligned); mode: kModeTwoPass (0: histogram pass,
 //            then a collecting pass), kModeOneRead (1: round 1's one-read pass), kModeFast (2: the filtered,
-//            prefetching one-read pass); both one-read modes fall back per row to two passes on overflow.
+//            prefetching one-read pass), kModeLean (3: the fast pass with a 1-2 instruction filter per entry),
+//            kModeLeanPf (4: lean + bulk L2 prefetch 3 tiles ahead; 16-byte loads, else plain lean);
+//            the one-read modes fall back per row to two passes on overflow.
 //   segs, gather, gather_m: the split for few long rows (segs = 1, gather = 0 otherwise). segs > 1 (no starts):
 //            grid b x segs, CTA x writes the top k of segment x % segs of row x / segs, as row ids, to out row x
 //            (out is [b * segs, k]). gather != 0: the merge, grid b; row r selects among the gather_m ids of

@@ -27,6 +27,9 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kModeTwoPass = 0;  // histogram pass, then a collecting second pass
 constexpr int kModeOneRead = 1;  // round-1 one-read pass: histogram every entry, keep after a per-tile choose
 constexpr int kModeFast = 2;     // filtered one-read pass with a prefetched tile (stream_pass_fast)
+constexpr int kModeLean = 3;     // fast, with a 1-2 instruction per-element filter (stream_pass_lean)
+constexpr int kModeLeanPf = 4;   // lean + bulk L2 prefetch of the tiles kPrefetchTiles ahead
+constexpr int kPrefetchTiles = 2;
 
 using BlockScan = cub::BlockScan<int, kThreads>;
 
@@ -389,13 +392,228 @@ __device__ bool stream_pass_fast(Shared& s, const void* row, int64_t lo, int len
   return !overflow && *m_out <= cap;
 }
 
+// ---- kModeLean (round 3): the fast pass with a cheaper per-element filter ----
+// Session 3's fast pass costs ~20 SASS instructions per entry that fails the filter (int64 validity math, the
+// rank image, a warp vote) and ~60 per warp-slot where some lane passes (warp-aggregated atomics), and tile 0 is
+// kept whole (8,192 reserves) then compacted. At ~2 TB/s that is the SMs' issue rate, not HBM. Lean mode:
+// * tile 0 is counted (histogram only), bmin refreshed, then the same registers are visited again keeping only
+//   entries at or above bmin: no 8,192-entry keep + compaction.
+// * tiles after that: an entry passes when its value >= thr_f, the float whose rank is bmin's lower bound (one
+//   FSETP for fp32, a shift + FSETP for bf16; fp16 and thresholds at or below -inf compare rank images instead);
+//   tiles wholly inside [lo, lo + len) skip the validity math. Only passing lanes (~1-2 % of entries once bmin
+//   settles) run the slow body: the rank image, one shared atomic on the bin, one on the candidate counter, two
+//   stores. No warp collectives there, so divergence is fine.
+// * 4 loads per thread per tile for every dtype (16-bit rows: 16,384 entries, 32 KB per tile in flight).
+// Same invariants as stream_pass_fast (hist exact on every bin >= bmin; every entry at or above the bmin of its
+// visit is kept unless the buffer overflowed), so the same resolve follows. Float compares need IEEE denormals
+// (nvcc's default -ftz=false; the GPU tests' denormal rows would catch a fast-math build).
+
+// Rank lower bound of bucket bmin as a float threshold, when a float compare is exact (see stream_pass_lean).
+struct LeanThr {
+  uint32_t u;  // bmin << kTopShift: pass <=> rank_u >= u
+  float f;     // pass <=> value >= f (when use_f)
+  bool use_f;
+};
+
+template <int DT>
+__device__ __forceinline__ LeanThr lean_threshold(int bmin) {
+  LeanThr t;
+  t.u = static_cast<uint32_t>(bmin) << kTopShift;
+  const int32_t key = static_cast<int32_t>(t.u ^ 0x80000000u);  // the rank key of the bound (see rank_u)
+  // key >= 0: the bits of a non-negative float; key < 0: -key is a magnitude, the float -mag. Below -inf (mag >
+  // inf bits) the bound would be a NaN pattern: rank compare then. fp16's bits are not fp32's: rank compare.
+  const uint32_t bits = key >= 0 ? static_cast<uint32_t>(key) : (0x80000000u | static_cast<uint32_t>(-key));
+  t.use_f = DT != kFloat16 && key >= -0x7F800000 && key <= 0x7F800000;
+  t.f = __uint_as_float(t.use_f ? bits : 0u);
+  return t;
+}
+
+// Element e of load j of a tile as a float (fp32 / bf16 only; 16-bit values: element 0 in the low half).
+template <int DT, int UNROLL>
+__device__ __forceinline__ float lean_value(const uint32_t (&w)[UNROLL][4], int j, int e) {
+  if constexpr (Traits<DT>::kBytes == 4) {
+    return __uint_as_float(w[j][e]);
+  } else {
+    const uint32_t x = w[j][e >> 1];
+    return __uint_as_float((e & 1) ? (x & 0xFFFF0000u) : (x << 16));
+  }
+}
+
+template <int DT, int UNROLL>
+__device__ __forceinline__ uint32_t lean_raw(const uint32_t (&w)[UNROLL][4], int j, int e) {
+  if constexpr (Traits<DT>::kBytes == 4) {
+    return w[j][e];
+  } else {
+    return (w[j][e >> 1] >> ((e & 1) * 16)) & 0xFFFFu;
+  }
+}
+
+// Loads tile `it` like load_tile, with 32-bit vector indices (lean mode: fewer live registers; rows < 2^31).
+template <int DT, bool VEC, int UNROLL>
+__device__ __forceinline__ void lean_load(uint32_t (&w)[UNROLL][4], const void* row, uint32_t it, uint32_t v1) {
+#pragma unroll
+  for (int j = 0; j < UNROLL; ++j) {
+    const uint32_t v = it + j * kThreads + threadIdx.x;
+    if (v < v1) {
+      if constexpr (VEC) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + v);
+        w[j][0] = q.x, w[j][1] = q.y, w[j][2] = q.z, w[j][3] = q.w;
+      } else if constexpr (Traits<DT>::kBytes == 4) {
+        w[j][0] = __ldg(reinterpret_cast<const unsigned int*>(row) + v);
+      } else {
+        w[j][0] = __ldg(reinterpret_cast<const unsigned short*>(row) + v);
+      }
+    } else {
+      w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
+    }
+  }
+}
+
+// One visit of a loaded tile: every valid entry that passes thr is counted (COUNT) and kept (unless overflowed).
+// USE_F: float compare; CHECKED: the tile crosses [lo, lo + len) or the row end, so validity is tested. Column
+// math in uint32: an element before lo wraps to a huge col and fails col < len (rows < 2^31 - 16 elements).
+template <int DT, bool VEC, int UNROLL, bool COUNT, bool USE_F, bool CHECKED>
+__device__ __forceinline__ void lean_tile(Shared& s, const uint32_t (&w)[UNROLL][4], uint32_t it, uint32_t lo,
+                                          uint32_t len, LeanThr thr, bool overflow, uint32_t* cu, int cap) {
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;
+#pragma unroll
+  for (int j = 0; j < UNROLL; ++j) {
+    const uint32_t v = it + j * kThreads + threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      bool pass;
+      if constexpr (USE_F) {
+        pass = lean_value<DT, UNROLL>(w, j, e) >= thr.f;
+      } else {
+        pass = rank_u<DT>(lean_raw<DT, UNROLL>(w, j, e)) >= thr.u;
+      }
+      if constexpr (CHECKED) pass = pass && v * kPer + e - lo < len;  // also false past the row (v >= v1)
+      if (pass) {  // rare once bmin settles: per-lane atomics, no warp collectives
+        const uint32_t u = rank_u<DT>(lean_raw<DT, UNROLL>(w, j, e));
+        if constexpr (COUNT) atomicAdd(&s.hist[u >> kTopShift], 1);
+        if (!overflow) {
+          const int slot = atomicAdd(&s.cand_count, 1);
+          if (slot < cap) cu[slot] = u, cu[cap + slot] = v * kPer + e - lo;  // cc = cu + cap
+        }
+      }
+    }
+  }
+}
+
+// Picks the lean_tile variant for tile `it` (block-uniform choices).
+template <int DT, bool VEC, int UNROLL>
+__device__ __forceinline__ void lean_visit(Shared& s, const uint32_t (&w)[UNROLL][4], uint32_t it, uint32_t v1,
+                                           uint32_t lo, uint32_t len, LeanThr thr, bool overflow, uint32_t* cu,
+                                           int cap) {
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;
+  constexpr uint32_t kStep = static_cast<uint32_t>(kThreads) * UNROLL;
+  const bool inside = it * kPer >= lo && it + kStep <= v1 && (it + kStep) * kPer <= lo + len;
+  if (thr.use_f) {
+    if (inside) {
+      lean_tile<DT, VEC, UNROLL, true, true, false>(s, w, it, lo, len, thr, overflow, cu, cap);
+    } else {
+      lean_tile<DT, VEC, UNROLL, true, true, true>(s, w, it, lo, len, thr, overflow, cu, cap);
+    }
+  } else {
+    lean_tile<DT, VEC, UNROLL, true, false, true>(s, w, it, lo, len, thr, overflow, cu, cap);
+  }
+}
+
+// Bulk L2 prefetch (sm_90 cp.async.bulk.prefetch.L2, a hint: no registers, no completion) of tile `it`'s 16-byte
+// vectors [it, it + step) clamped to the row: lanes 0-3 of warp 0, a quarter each. Raises the bytes in flight per
+// SM beyond the register double buffer (32 KB per CTA) without registers: the loads of that tile then hit L2.
+// 16-byte loads only (aligned rows). A no-op in the CPU emulation.
+template <bool VEC>
+__device__ __forceinline__ void prefetch_tile_l2(const void* row, uint32_t it, uint32_t v1, uint32_t step) {
+  if constexpr (VEC) {
+    if (threadIdx.x < 4 && it < v1) {
+      const uint32_t q = step / 4, a = it + threadIdx.x * q;
+      const uint32_t b = min(a + q, v1);
+      if (a < b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const uint4* p = reinterpret_cast<const uint4*>(row) + a;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((b - a) * 16u) : "memory");
+#endif
+      }
+    }
+  }
+}
+
+template <int DT, bool VEC, bool PF = false>
+__device__ bool stream_pass_lean(Shared& s, const void* row, int64_t lo64, int len, int kk, uint32_t* cu, int* cc,
+                                 int cap, uint32_t cmax, int* m_out) {
+  static_assert((DT & kGather) == 0, "lean mode streams values, not gather ids");
+  constexpr int kPer = VEC ? 16 / Traits<DT>::kBytes : 1;
+  constexpr int U = kUnroll;
+  constexpr uint32_t kStep = static_cast<uint32_t>(kThreads) * U;
+  const uint32_t lo = static_cast<uint32_t>(lo64), ulen = static_cast<uint32_t>(len);
+  const uint32_t v0 = lo / kPer, v1 = (lo + ulen + kPer - 1) / kPer;
+  int bmin = 0;
+  bool overflow = false;  // block-uniform
+  LeanThr thr = lean_threshold<DT>(0);
+  auto refresh = [&]() {  // block-uniform: the bucket of the kk-th best counted entry, pruning when half full
+    __syncthreads();      // the tiles' histogram counts and kept entries are complete
+    const int c = s.cand_count;
+    choose(s, kk);
+    __syncthreads();
+    bmin = s.sel_digit;
+    thr = lean_threshold<DT>(bmin);
+    if (overflow) return;
+    if (c > cap) {
+      overflow = true;
+    } else if (2 * c > cap) {
+      __syncthreads();  // everyone has read cand_count
+      if (threadIdx.x == 0) s.cand_count = 0;
+      __syncthreads();
+      compact(s, cu, cc, c, kTopKeyShift, static_cast<uint64_t>(bmin), false, false, cmax, nullptr, 0, 0);
+    }
+  };
+  uint32_t cur[U][4], nxt[U][4];
+  if constexpr (PF) {  // tiles 1 .. kPrefetchTiles + 1; the loop then asks for tile t + kPrefetchTiles + 1 at tile t
+    for (int d = 1; d <= kPrefetchTiles + 1; ++d) prefetch_tile_l2<VEC>(row, v0 + d * kStep, v1, kStep);
+  }
+  lean_load<DT, VEC, U>(cur, row, v0, v1);
+  // Tile 0: count every entry, pick bmin, then keep what reaches it. Tile 0 is reloaded (L1 / L2 hits) for the
+  // keep rather than held in registers across the refresh, and tile 1 is loaded only then: with both buffers
+  // live across the refresh ptxas spilled 100-212 B / thread (sm_90a, 64 registers).
+  visit_tile<DT, VEC, U>(cur, v0, v1, lo64, len, nullptr,
+                         [&](uint32_t u, int, bool valid) { hist_add(s.hist, valid ? int(u >> kTopShift) : -1); });
+  refresh();
+  lean_load<DT, VEC, U>(cur, row, v0, v1);
+  lean_load<DT, VEC, U>(nxt, row, v0 + kStep, v1);
+  lean_tile<DT, VEC, U, false, false, true>(s, cur, v0, lo, ulen, thr, overflow, cu, cap);
+  int t = 1;
+  for (uint32_t it = v0 + kStep; it < v1; it += kStep, ++t) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) cur[j][e] = nxt[j][e];
+    }
+    if constexpr (PF) prefetch_tile_l2<VEC>(row, it + (kPrefetchTiles + 1) * kStep, v1, kStep);
+    lean_load<DT, VEC, U>(nxt, row, it + kStep, v1);  // past the row: no load, zeros
+    lean_visit<DT, VEC, U>(s, cur, it, v1, lo, ulen, thr, overflow, cu, cap);
+    if (t < 4 || (t & 3) == 3) refresh();
+  }
+  __syncthreads();
+  *m_out = s.cand_count;
+  return !overflow && *m_out <= cap;
+}
+
 // Steps 3-4 over the shared-memory candidates (cu / cc: u and column, st.cnt of them): refine digit by digit
 // until the bucket is taken whole.
+// u_low_fixed: 16-bit values (u = rank image of bits << 16): every candidate that reaches the u[9:0] digit has
+// the same one (0; 0x3FF for NaN, whose prefix u[31:10] no other value shares), so that level's histogram and
+// compaction are skipped: the digit is read from candidate 0 (need and count unchanged).
 __device__ void refine_candidates(Shared& s, uint32_t* cu, int* cc, State st, int nb, uint32_t cmax, int* out,
-                                  int64_t stride_ok, int col_off) {
+                                  int64_t stride_ok, int col_off, bool u_low_fixed) {
   const int nlev = num_levels(nb);
   int m = st.cnt;
   while (st.cnt != st.need && st.li + 1 < nlev) {
+    if (u_low_fixed && st.li + 1 == kULevels - 1) {  // m >= need >= 1; the last compaction ended with a sync
+      ++st.li;
+      st.prefix |= static_cast<uint64_t>(cu[0] & 0x3FFu) << 32;
+      continue;
+    }
     const Level lv = level_of(++st.li, nb);
     const uint64_t dmask = (1ull << lv.width) - 1;
     zero_hist(s);
@@ -434,6 +652,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                       int64_t stride_ok, int cap, int segs, const int* __restrict__ gather, int64_t gather_m) {
   constexpr bool kIsGather = (DT & kGather) != 0;
   constexpr int kVal = DT & ~kGather;  // the scores' dtype
+  constexpr bool kLowFixed = Traits<kVal>::kBytes == 2;  // 16-bit: u[9:0] needs no level (refine_candidates)
   __shared__ Shared s;
   DS_DYNAMIC_SMEM(dyn);  // extern __shared__ uint32_t dyn[] on the GPU (see topk_radix.cu)
   uint32_t* cu = dyn;
@@ -484,7 +703,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   bool streamed = false;
   int m = 0;
-  if constexpr (MODE == kModeFast) {
+  if constexpr ((MODE == kModeLean || MODE == kModeLeanPf) && !kIsGather) {
+    streamed = stream_pass_lean<DT, VEC, MODE == kModeLeanPf>(s, row, lo, len, kk, cu, cc, cap, cmax, &m);
+  } else if constexpr (MODE == kModeFast || MODE == kModeLean || MODE == kModeLeanPf) {
     streamed = stream_pass_fast<DT, VEC>(s, row, lo, len, gsrc, kk, cu, cc, cap, cmax, &m);
   } else if constexpr (MODE == kModeOneRead) {
     streamed = stream_pass<DT, VEC>(s, row, lo, len, gsrc, kk, cu, cc, cap, cmax, &m);
@@ -501,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (streamed) {  // every entry of the chosen bucket is in the buffer: split it there, no second read
     const bool take_all = st.cnt == st.need;
     compact(s, cu, cc, m, kTopKeyShift, st.prefix >> kTopKeyShift, true, take_all, cmax, orow, stride_ok, col_off);
-    if (!take_all) refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off);
+    if (!take_all) refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off, kLowFixed);
     return;
   }
 
@@ -539,7 +760,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
 
   // 4. the remaining digits over the candidates.
-  refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off);
+  refine_candidates(s, cu, cc, st, nb, cmax, orow, stride_ok, col_off, kLowFixed);
 }
 
 }  // namespace detail

@@ -68,6 +68,11 @@ inline T __shfl_sync(unsigned, T v, int src) {
 inline bool __all_sync(unsigned, bool p) { return emu::warp_ballot(p) == 0xffffffffu; }
 inline unsigned __ballot_sync(unsigned, bool p) { return emu::warp_ballot(p); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline float __uint_as_float(unsigned v) {
+  float f;
+  std::memcpy(&f, &v, sizeof(f));
+  return f;
+}
 inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __clz(unsigned v) { return v == 0 ? 32 : __builtin_clz(v); }

@@ -44,7 +44,7 @@ void run_blocks(const void* scores, int64_t b, int64_t n, int64_t stride_b, cons
 template <int DT>
 void run_vec(int vec, const void* scores, int64_t b, int64_t n, int64_t stride_b, const int* lengths,
              const int* starts, int* out, int64_t k, int64_t stride_ob, int64_t stride_ok, int cap) {
-  // flags: bit 0 = 16-byte loads, bits 1-2 = mode (0 two-pass, 1 one-read, 2 fast one-read)
+  // flags: bit 0 = 16-byte loads, bits 1-3 = mode (0 two-pass, 1 one-read, 2 fast one-read, 3 lean, 4 lean + L2 prefetch)
   const bool v = (vec & 1) != 0;
   if (g_split.gather != nullptr) {  // the split's merge: fast mode only
     constexpr int G = DT | deep_select::detail::kGather;
@@ -58,6 +58,12 @@ void run_vec(int vec, const void* scores, int64_t b, int64_t n, int64_t stride_b
     case 1:
       if (v) return run_blocks<DT, true, 1>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
       return run_blocks<DT, false, 1>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+    case 3:
+      if (v) return run_blocks<DT, true, 3>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      return run_blocks<DT, false, 3>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+    case 4:  // lean + L2 prefetch (the prefetch is a no-op here)
+      if (v) return run_blocks<DT, true, 4>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
+      return run_blocks<DT, false, 3>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
     default:
       if (v) return run_blocks<DT, true, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);
       return run_blocks<DT, false, 2>(scores, b, n, stride_b, lengths, starts, out, k, stride_ob, stride_ok, cap);

@@ -21,11 +21,19 @@
 // split S over d (each warpgroup m64n64 over 256 dims, partial S summed through shared memory: 2/3 of the shared
 // traffic), and overlap S of tile t + 1 with softmax / P @ V of tile t (needs a third KV stage or BN = 32).
 //
-// Split-KV: split s of a token owns tiles [s * per_split, (s + 1) * per_split) of cdiv(topk, 64); with
+// Index space: the main list (topk entries into kv) followed by the extra list (topk2 entries into kv2, e.g. the
+// step's fresh KV rows; same row format as kv), cut into 64-entry tiles: a tile may hold rows of both caches (the
+// shared-memory row table holds one global address per row, 0 = hole).
+// Split-KV: split s of a token owns tiles [s * per_split, (s + 1) * per_split) of cdiv(topk + topk2, 64); with
 // num_splits == 1 the kernel writes out (bf16) and lse (natural log, sink included); otherwise the partial
-// output acc / l (fp32) and base-2 lse m + log2 l, the format of triton_split_attn's _combine_kernel.
+// output acc / l (fp32) and base-2 lse m + log2 l, the format of triton_split_attn's _combine_kernel. Merging the
+// partials (Params::merge): 0 = by the caller (the Triton combine), 1 = by `combine_kernel` below, launched with
+// programmatic dependent launch (PDL: its CTAs start on the idle SMs while this kernel runs and wait in
+// griddepcontrol.wait, so no launch gap), 2 = by the last CTA of each (token, head block) to finish (an atomic
+// counter per token; one launch, the last CTA reads the other splits' partials from L2).
 // Holes: any index outside [0, n_rows) is skipped (row zero-filled, score -inf), so NaN in unused cache slots
-// never enters the math.
+// never enters the math; a tile without any valid row is skipped whole (exact: it would change nothing).
+// Heads: ceil(H / 64) head blocks; a partial last block zero-fills its missing q rows and stores nothing for them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -53,8 +61,8 @@ struct Smem {
   __host__ __device__ static constexpr int p(bool fp8) { return fp8 ? 2 * kTile : 3 * kTile; }
   __host__ __device__ static constexpr int raw(bool fp8) { return p(fp8) + kSub; }  // FP8 staging (2 stages)
   __host__ __device__ static constexpr int small(bool fp8) { return raw(fp8) + (fp8 ? 2 * kFp8Stage : 0); }
-  // small: rows[2][64] int, red[2][64] float
-  __host__ __device__ static constexpr int total(bool fp8) { return small(fp8) + 2 * 64 * 4 + 2 * 64 * 4; }
+  // small: rows[2][64] uint64 (global row address, 0 = hole), red[2][64] float, flag[4] int
+  __host__ __device__ static constexpr int total(bool fp8) { return small(fp8) + 2 * 64 * 8 + 2 * 64 * 4 + 16; }
 };
 
 // Byte offset of 16-byte chunk c (0..63) of row r in a [rows, 512] tile made of 8 [rows, 64] swizzled sub-tiles:
@@ -81,6 +89,7 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Ordinary / cp.async writes to shared memory that wgmma (the async proxy) reads next.
@@ -94,34 +103,60 @@ __device__ __forceinline__ void reg_fence(float* r) {  // keep the compiler from
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-__device__ __forceinline__ int load_row_id(const int* idx_row, int pos, int topk, int64_t n_rows) {
-  if (pos >= topk) return -1;
-  int v = __ldg(idx_row + pos);
-  return (v >= 0 && (int64_t)v < n_rows) ? v : -1;
+// Prefill with several waves of CTAs (prefetch_ahead > 0): the CTA of token `tok` (split 0) prefetches into L2 the
+// index rows and q rows of the token that will start about one wave later, so that CTA's first loads (indices ->
+// first tile's gather, and q) hit L2 instead of HBM. Hints only (prefetch never faults; addresses are in bounds).
+__device__ __forceinline__ void prefetch_token(const Params& p, const __nv_bfloat16* q, const int* idx, const int* idx2,
+                                               int64_t tok, int hb, int tid) {
+  const int64_t ft = tok + p.prefetch_ahead;
+  if (ft >= p.num_tokens || tid >= 128) return;
+  const char* i1 = reinterpret_cast<const char*>(idx + ft * p.stride_it);
+  for (int off = tid * 128; off < p.topk * 4; off += 128 * 128) prefetch_l2(i1 + off);
+  const char* i2 = reinterpret_cast<const char*>(idx2 + ft * p.stride_it2);
+  for (int off = tid * 128; off < p.topk2 * 4; off += 128 * 128) prefetch_l2(i2 + off);
+  const int h_in = min(kH, p.H - hb * kH);  // q rows: 1 KiB = 8 lines per head
+  const __nv_bfloat16* qt = q + ft * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
+  for (int i = tid; i < h_in * 8; i += 128) prefetch_l2(qt + (int64_t)(i >> 3) * p.stride_qh + (i & 7) * 64);
 }
 
-// Issue the gather of one 64-row tile. BF16: 16-byte cp.async straight into the swizzled tile (holes zero-filled).
+// Global address of entry pos of the token's concatenated index list (main list, then extra list), 0 for a hole.
+__device__ __forceinline__ uint64_t load_row(const Params& p, const uint8_t* kv, const int* idx_row,
+                                             const uint8_t* kv2, const int* idx2_row, int pos) {
+  if (pos < p.topk) {
+    const int v = __ldg(idx_row + pos);
+    return (v >= 0 && (int64_t)v < p.n_rows) ? reinterpret_cast<uint64_t>(kv + (int64_t)v * p.stride_kv) : 0ull;
+  }
+  pos -= p.topk;
+  if (pos < p.topk2) {
+    const int v = __ldg(idx2_row + pos);
+    return (v >= 0 && (int64_t)v < p.n_rows2) ? reinterpret_cast<uint64_t>(kv2 + (int64_t)v * p.stride_kv2) : 0ull;
+  }
+  return 0ull;
+}
+
+// Issue the gather of one 64-row tile (rows: global row addresses, 0 = hole; `dummy` any readable address for the
+// zero-filling copies of holes). BF16: 16-byte cp.async straight into the swizzled tile (holes zero-filled).
 // FP8: 8-byte cp.async of the raw 584-byte rows into the staging buffer (rows are only 8-byte aligned).
 template <bool FP8>
-__device__ __forceinline__ void issue_tile(uint8_t* smem, int stage, const int* rows, const uint8_t* kv,
-                                           int64_t stride_kv_bytes, int tid) {
+__device__ __forceinline__ void issue_tile(uint8_t* smem, int stage, const uint64_t* rows, const uint8_t* dummy,
+                                           int tid) {
   if constexpr (!FP8) {
     uint32_t base = smem_u32(smem + Smem::kv + stage * kTile);
     int c = tid & 63;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       int r = (tid >> 6) + 4 * i;
-      int row = rows[r];
-      const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * stride_kv_bytes + c * 16;
-      cp_async16(base + swz(r, c, kBN), src, row >= 0);
+      const uint64_t row = rows[r];
+      const uint8_t* src = row ? reinterpret_cast<const uint8_t*>(row) + c * 16 : dummy;
+      cp_async16(base + swz(r, c, kBN), src, row != 0);
     }
   } else {
     uint32_t base = smem_u32(smem + Smem::raw(true) + stage * kFp8Stage);
     for (int i = tid; i < kBN * (kFp8Row / 8); i += kThreads) {
       int r = i / (kFp8Row / 8), c = i % (kFp8Row / 8);
-      int row = rows[r];
-      const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + c * 8;
-      cp_async8(base + r * kFp8Row + c * 8, src, row >= 0);
+      const uint64_t row = rows[r];
+      const uint8_t* src = row ? reinterpret_cast<const uint8_t*>(row) + c * 8 : dummy;
+      cp_async8(base + r * kFp8Row + c * 8, src, row != 0);
     }
   }
 }
@@ -163,45 +198,122 @@ __device__ __forceinline__ void dequant_tile(uint8_t* smem, int stage, int tid) 
   }
 }
 
+// This thread's 64 columns of output row r0 + 8 h (acc * so) as bf16.
+__device__ __forceinline__ void store_row_bf16(__nv_bfloat16* orow, const float (&acc)[128], int h, float so,
+                                               int col0) {
+#pragma unroll
+  for (int jn = 0; jn < 32; ++jn) {
+    *reinterpret_cast<__nv_bfloat162*>(orow + col0 + 8 * jn) =
+        __floats2bfloat162_rn(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
+  }
+}
+
+// merge == 2, run by the last CTA of a (token, head block): the other splits' partials (read from L2) merged into
+// this CTA's own (acc, m_run, l_tot still in registers) with the sink, then out / lse stored. Same math as
+// triton_split_attn._combine_kernel: weights 2^(lse_s - M), M the largest split lse (and the sink).
+__device__ __forceinline__ void merge_last(float (&acc)[128], const float (&m_run)[2], const float (&l_tot)[2],
+                                           const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                                           const float* __restrict__ sink, __nv_bfloat16* __restrict__ out,
+                                           float* __restrict__ lse, const Params& p, int64_t tok, int hb, int split,
+                                           int r0, int col0, bool lse_writer) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = hb * kH + r0 + 8 * h;
+    if (head >= p.H) continue;
+    const float own = l_tot[h] > 0.f ? m_run[h] + log2f(l_tot[h]) : -INFINITY;
+    const int64_t row0 = tok * p.num_splits * (int64_t)p.H + head;  // split s: row0 + s * H
+    float mx = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, s == split ? own : __ldcg(part_lse + row0 + s * p.H));
+    const float m_valid = mx;
+    float sink_h = 0.f, sink2 = 0.f;
+    if (p.has_sink) {
+      sink_h = sink[head];
+      sink2 = sink_h * 1.4426950408889634f;
+      mx = fmaxf(mx, sink2);
+    }
+    if (mx == -INFINITY) mx = 0.f;
+    const float w_own = exp2f(own - mx);
+    const float s_own = l_tot[h] > 0.f ? w_own * (1.f / l_tot[h]) : 0.f;
+#pragma unroll
+    for (int jn = 0; jn < 32; ++jn) {
+      acc[4 * jn + 2 * h] *= s_own;
+      acc[4 * jn + 2 * h + 1] *= s_own;
+    }
+    float l_f = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      if (s == split) {
+        l_f += w_own;
+        continue;
+      }
+      const float w = exp2f(__ldcg(part_lse + row0 + s * p.H) - mx);
+      l_f += w;
+      if (w == 0.f) continue;  // an empty split (or one the sink / max dwarfs): its partial adds nothing
+      const float* src = part_o + (row0 + (int64_t)s * p.H) * kD + col0;
+#pragma unroll
+      for (int jn = 0; jn < 32; ++jn) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(src + 8 * jn));
+        acc[4 * jn + 2 * h] += w * v.x;
+        acc[4 * jn + 2 * h + 1] += w * v.y;
+      }
+    }
+    if (p.has_sink) l_f += exp2f(sink2 - mx);
+    const bool has = l_f > 0.f;
+    store_row_bf16(out + tok * p.stride_ot + (int64_t)head * p.stride_oh, acc, h, has ? 1.f / l_f : 0.f, col0);
+    if (lse_writer) {
+      float lv = has ? (mx + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
+      if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
+      lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
+    }
+  }
+}
+
 template <bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv,
-                         const int* __restrict__ idx, const float* __restrict__ sink, __nv_bfloat16* __restrict__ out,
-                         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+                         const int* __restrict__ idx, const uint8_t* __restrict__ kv2, const int* __restrict__ idx2,
+                         const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                         float* __restrict__ part_o, float* __restrict__ part_lse, int* __restrict__ counters,
                          Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // Dynamic shared memory is only 16-byte aligned by contract: align to 1 KiB (the swizzle atom) by hand.
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  int* s_rows = reinterpret_cast<int*>(smem + Smem::small(FP8));  // [2][64] row ids (-1: hole) per stage
-  float* s_red = reinterpret_cast<float*>(s_rows + 128);             // [2][64] per-warpgroup row max / sum
+  uint64_t* s_rows = reinterpret_cast<uint64_t*>(smem + Smem::small(FP8));  // [2][64] row addresses per stage
+  float* s_red = reinterpret_cast<float*>(s_rows + 128);                     // [2][64] per-warpgroup row max / sum
+  int* s_flag = reinterpret_cast<int*>(s_red + 128);
+
+  // PDL (merge == 1): let the combine grid start on the idle SMs now; it waits in griddepcontrol.wait until this
+  // grid has finished and its writes are visible. A no-op when no dependent launch follows.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127, warp = t128 >> 5, lane = tid & 31;
-  const int num_hb = p.H / kH;
+  const int num_hb = (p.H + kH - 1) / kH;
   const int hb = blockIdx.x % num_hb;
   const int split = (blockIdx.x / num_hb) % p.num_splits;
   const int64_t tok = blockIdx.x / (num_hb * p.num_splits);
-  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  const int n_tiles = (p.topk + p.topk2 + kBN - 1) / kBN;
   const int lo = split * p.tiles_per_split;
   const int hi = min(lo + p.tiles_per_split, n_tiles);
   const int* idx_row = idx + tok * p.stride_it;
-  const int64_t stride_kv_bytes = FP8 ? kFp8Row : p.stride_kv * 2;
+  const int* idx2_row = idx2 + tok * p.stride_it2;
+  if (p.prefetch_ahead > 0 && split == 0) prefetch_token(p, q, idx, idx2, tok, hb, tid);
 
-  // Q [64 heads, 512] -> swizzled smem (cp.async group 0, together with the first tile).
+  // Q [64 heads, 512] -> swizzled smem (cp.async group 0, together with the first tile); heads >= H read as 0.
   {
     const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
+    const int h_in = min(kH, p.H - hb * kH);
     uint32_t base = smem_u32(smem + Smem::q);
     int c = tid & 63;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       int r = (tid >> 6) + 4 * i;
-      cp_async16(base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
+      cp_async16(base + swz(r, c, kH), qt + (int64_t)(r < h_in ? r : 0) * p.stride_qh + c * 8, r < h_in);
     }
   }
-  if (tid < 64) s_rows[tid] = lo < hi ? load_row_id(idx_row, lo * kBN + tid, p.topk, p.n_rows) : -1;
+  if (tid < 64) s_rows[tid] = lo < hi ? load_row(p, kv, idx_row, kv2, idx2_row, lo * kBN + tid) : 0ull;
   __syncthreads();
-  if (lo < hi) issue_tile<FP8>(smem, 0, s_rows, kv, stride_kv_bytes, tid);
+  if (lo < hi) issue_tile<FP8>(smem, 0, s_rows, kv, tid);
   cp_commit();
-  if (tid < 64) s_rows[64 + tid] = load_row_id(idx_row, (lo + 1) * kBN + tid, p.topk, p.n_rows);
+  if (tid < 64) s_rows[64 + tid] = load_row(p, kv, idx_row, kv2, idx2_row, (lo + 1) * kBN + tid);
 
   float acc[128];
 #pragma unroll
@@ -212,12 +324,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int t = lo; t < hi; ++t) {
     const int j = t - lo, st = j & 1;
-    int next_row = -1;  // row id of tile t + 2 for thread tid < 64, loaded early to hide its latency
-    if (tid < 64) next_row = load_row_id(idx_row, (t + 2) * kBN + tid, p.topk, p.n_rows);
-    __syncthreads();  // (A) s_rows[st ^ 1] written; the previous tile's buffers are free
-    if (t + 1 < hi) issue_tile<FP8>(smem, st ^ 1, s_rows + 64 * (st ^ 1), kv, stride_kv_bytes, tid);
+    uint64_t next_row = 0;  // row of tile t + 2 for thread tid < 64, loaded early to hide its latency
+    if (tid < 64) next_row = load_row(p, kv, idx_row, kv2, idx2_row, (t + 2) * kBN + tid);
+    // (A) s_rows[st ^ 1] written; the previous tile's buffers are free; does tile t have any valid row?
+    const int any_valid = __syncthreads_or(tid < 64 && s_rows[64 * st + tid] != 0);
+    if (t + 1 < hi) issue_tile<FP8>(smem, st ^ 1, s_rows + 64 * (st ^ 1), kv, tid);
     cp_commit();
     cp_wait1();  // this thread's copies of tile t (and Q) have landed
+    if (!any_valid) {  // all holes (CTA-uniform): the tile would change nothing, skip its math
+      if (tid < 64) s_rows[64 * st + tid] = next_row;  // nobody reads s_rows[st] after (A) on this path
+      continue;
+    }
     if constexpr (FP8) {
       __syncthreads();  // (B) every thread's raw rows of tile t
       dequant_tile(smem, st, tid);
@@ -245,14 +362,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- online softmax (base 2). Thread holds s[4 j + {0,1}] at (r0, col), s[4 j + {2,3}] at (r0 + 8, col),
     // col = 32 wg + 8 j + 2 (lane % 4) + {0, 1}.
-    const int* rows_t = s_rows + 64 * st;
+    const uint64_t* rows_t = s_rows + 64 * st;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = 32 * wg + 8 * jj + 2 * (lane & 3) + e;
-        const bool ok = rows_t[col] >= 0;
+        const bool ok = rows_t[col] != 0;
         s[4 * jj + e] = ok ? s[4 * jj + e] * p.qk_scale : -INFINITY;
         s[4 * jj + 2 + e] = ok ? s[4 * jj + 2 + e] * p.qk_scale : -INFINITY;
         mx[0] = fmaxf(mx[0], s[4 * jj + e]);
@@ -335,10 +452,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_tot[h] = s_red[r0 + 8 * h] + s_red[64 + r0 + 8 * h];
   const int col0 = 256 * wg + 2 * (lane & 3);
+  const bool lse_writer = wg == 0 && (lane & 3) == 0;
   if (p.num_splits == 1) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int head = hb * kH + r0 + 8 * h;
+      if (head >= p.H) continue;
       const float m = m_run[h];
       float m_f = m, sink_h = 0.f, sink2 = 0.f;
       if (p.has_sink) {
@@ -351,52 +470,133 @@ __global__ void __launch_bounds__(kThreads, 1)
       float l_f = l_tot[h] * a;
       if (p.has_sink) l_f += exp2f(sink2 - m_f);
       const bool has = l_f > 0.f;
-      const float so = has ? a / l_f : 0.f;
-      __nv_bfloat16* orow = out + tok * p.stride_ot + (int64_t)head * p.stride_oh;
-#pragma unroll
-      for (int jn = 0; jn < 32; ++jn) {
-        *reinterpret_cast<__nv_bfloat162*>(orow + col0 + 8 * jn) =
-            __floats2bfloat162_rn(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
-      }
-      if (wg == 0 && (lane & 3) == 0) {
+      store_row_bf16(out + tok * p.stride_ot + (int64_t)head * p.stride_oh, acc, h, has ? a / l_f : 0.f, col0);
+      if (lse_writer) {
         float lv = has ? (m_f + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
         if (p.has_sink && m == -INFINITY) lv = sink_h;
         lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
       }
     }
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int head = hb * kH + r0 + 8 * h;
-      const bool has = l_tot[h] > 0.f;
-      const float so = has ? 1.f / l_tot[h] : 0.f;
-      const int64_t prow = (tok * p.num_splits + split) * (int64_t)p.H + head;
-      float* orow = part_o + prow * kD;
-#pragma unroll
-      for (int jn = 0; jn < 32; ++jn) {
-        *reinterpret_cast<float2*>(orow + col0 + 8 * jn) =
-            make_float2(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
-      }
-      if (wg == 0 && (lane & 3) == 0) part_lse[prow] = has ? m_run[h] + log2f(l_tot[h]) : -INFINITY;
-    }
+    return;
   }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = hb * kH + r0 + 8 * h;
+    if (head >= p.H) continue;
+    const bool has = l_tot[h] > 0.f;
+    const float so = has ? 1.f / l_tot[h] : 0.f;
+    const int64_t prow = (tok * p.num_splits + split) * (int64_t)p.H + head;
+    float* orow = part_o + prow * kD;
+#pragma unroll
+    for (int jn = 0; jn < 32; ++jn) {
+      *reinterpret_cast<float2*>(orow + col0 + 8 * jn) =
+          make_float2(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
+    }
+    if (lse_writer) part_lse[prow] = has ? m_run[h] + log2f(l_tot[h]) : -INFINITY;
+  }
+  if (p.merge != 2) return;
+  // Last CTA merges (threadFenceReduction pattern): publish this split's partial, count it, and let the CTA that
+  // brings the count to num_splits read the others' (bypassing L1) and finish the token.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* ctr = counters + tok * num_hb + hb;
+    const int last = atomicAdd(ctr, 1) == p.num_splits - 1;
+    if (last) *ctr = 0;  // every split has counted: reset for the next launch (stream order)
+    *s_flag = last;
+  }
+  __syncthreads();
+  if (*s_flag == 0) return;
+  __threadfence();
+  merge_last(acc, m_run, l_tot, part_o, part_lse, sink, out, lse, p, tok, hb, split, r0, col0, lse_writer);
+}
+
+// merge == 1: one warp per (token, head, 64 output dims), lane 2 dims; the Triton combine's math (weights
+// 2^(lse_s - M), the sink in the denominator). Launched with PDL right after the attention kernel: it waits in
+// griddepcontrol.wait for that grid's completion (and memory flush) instead of for its own launch.
+__global__ void __launch_bounds__(256) combine_kernel(const float* __restrict__ part_o,
+                                                      const float* __restrict__ part_lse,
+                                                      const float* __restrict__ sink, __nv_bfloat16* __restrict__ out,
+                                                      float* __restrict__ lse, Params p, int64_t num_tokens) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int lane = threadIdx.x & 31;
+  const int64_t item = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (item >= num_tokens * p.H * 8) return;
+  const int chunk = (int)(item & 7);
+  const int head = (int)((item >> 3) % p.H);
+  const int64_t tok = (item >> 3) / p.H;
+  const int64_t row0 = tok * p.num_splits * (int64_t)p.H + head;
+  const int S = p.num_splits;
+  float m = -INFINITY;
+  for (int s = 0; s < S; ++s) m = fmaxf(m, __ldcg(part_lse + row0 + (int64_t)s * p.H));
+  const float m_valid = m;
+  float sink_h = 0.f, sink2 = 0.f;
+  if (p.has_sink) {
+    sink_h = sink[head];
+    sink2 = sink_h * 1.4426950408889634f;
+    m = fmaxf(m, sink2);
+  }
+  if (m == -INFINITY) m = 0.f;
+  float l_f = 0.f;
+  float2 a = make_float2(0.f, 0.f);
+  const float* src = part_o + row0 * kD + chunk * 64 + 2 * lane;
+#pragma unroll 4
+  for (int s = 0; s < S; ++s) {
+    const float w = exp2f(__ldcg(part_lse + row0 + (int64_t)s * p.H) - m);
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(src + (int64_t)s * p.H * kD));
+    l_f += w;
+    a.x += w * v.x;
+    a.y += w * v.y;
+  }
+  if (p.has_sink) l_f += exp2f(sink2 - m);
+  const bool has = l_f > 0.f;
+  const float so = has ? 1.f / l_f : 0.f;
+  *reinterpret_cast<__nv_bfloat162*>(out + tok * p.stride_ot + (int64_t)head * p.stride_oh + chunk * 64 + 2 * lane) =
+      __floats2bfloat162_rn(a.x * so, a.y * so);
+  if (chunk == 0 && lane == 0) {
+    float lv = has ? (m + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
+    if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
+    lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
+  }
+}
+
+static int launch_combine(const LaunchArgs& a, cudaStream_t stream) {
+  const int64_t blocks = a.num_tokens * a.p.H;  // 8 warps = 8 (head, 64-dim) items per CTA, 8 items per head
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&cfg, combine_kernel, reinterpret_cast<const float*>(a.part_o),
+                                 reinterpret_cast<const float*>(a.part_lse), reinterpret_cast<const float*>(a.sink),
+                                 reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), a.p,
+                                 a.num_tokens);
 }
 
 template <bool FP8>
 static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
   const int smem = Smem::total(FP8) + 1024;  // + alignment slack
   auto kern = sparse_decode_kernel<FP8>;
+  // Set on every launch (cheap): a static "done" flag would be shared by both instances (see NOTES, deep_select).
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
   const Params& p = a.p;
-  const int64_t grid = (int64_t)a.num_tokens * p.num_splits * (p.H / kH);
+  const int64_t grid = a.num_tokens * p.num_splits * ((p.H + kH - 1) / kH);
   if (grid <= 0) return 0;
   kern<<<(unsigned)grid, kThreads, smem, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
-      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
+      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const uint8_t*>(a.kv2),
+      reinterpret_cast<const int*>(a.idx2), reinterpret_cast<const float*>(a.sink),
       reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
-      reinterpret_cast<float*>(a.part_lse), p);
-  return (int)cudaGetLastError();
+      reinterpret_cast<float*>(a.part_lse), reinterpret_cast<int*>(a.counters), p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess || p.num_splits == 1 || p.merge != 1) return (int)e;
+  return launch_combine(a, stream);
 }
 
 }  // namespace fm

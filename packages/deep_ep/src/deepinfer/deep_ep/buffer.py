@@ -153,7 +153,8 @@ class Buffer:
         topk_weights: torch.Tensor | None = None,
         expert_alignment: int = 1,
         num_experts: int | None = None,
-    ) -> tuple[XPayload, torch.Tensor | None, torch.Tensor | None, list[int], DispatchHandle]:
+        num_worst_tokens: int = 0,
+    ) -> tuple[XPayload, torch.Tensor | None, torch.Tensor | None, list[int] | torch.Tensor, DispatchHandle]:
         """Normal-mode dispatch: send each token ONCE to every rank owning one of its top-k experts.
 
         x: [t, hidden] bfloat16 (float16 / float32 also pass through bit-exactly), or an FP8 pair
@@ -164,6 +165,15 @@ class Buffer:
         expert_alignment: each entry of the returned count list is rounded up to a multiple of it.
         num_experts: E; needed only when num_tokens_per_expert (whose length is E, DeepEP's source) is not given.
         handle: pass a previous dispatch's handle (and no topk) to send new x along the same routing.
+        num_worst_tokens: W > 0 (DeepEP's option; every rank passes the same W, a bound on the rows ANY rank
+           receives, e.g. t * R): no host synchronisation. recv_x / recv_topk_idx / recv_topk_weights get W
+           rows (the received ones first; past them ids are -1, weights 0, x unspecified), the per-expert
+           counts come back as an int32 tensor [E / R] on the device instead of a list, and the handle keeps
+           the counts on the device (`handle.host_counts()` reads them on request, `handle.check()` raises on
+           bad input, which this mode cannot do itself); combine then takes x with W rows, and a cached
+           dispatch with this handle returns W rows. On the fast path (impl "triton") the call, a cached
+           dispatch and combine queue GPU work only, so they can be captured in a CUDA graph (after one eager
+           call of the same shapes); elsewhere the synced path runs and its outputs are padded to W.
 
         Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle):
           recv_x: like x with num_recv rows, grouped by source rank (ascending), tokens in ascending index
@@ -176,6 +186,7 @@ class Buffer:
         t = check_x(x)
         if handle is not None:
             return self._cached_dispatch(x, t, handle, topk_idx, topk_weights)
+        check_int("num_worst_tokens", num_worst_tokens, 0)
         if topk_idx is None or topk_weights is None:
             raise ValueError("topk_idx and topk_weights: both are required when no handle is given")
         idx, w = check_topk(topk_idx, topk_weights, t)
@@ -186,9 +197,15 @@ class Buffer:
         xt = x[0] if isinstance(x, tuple) else x
         check_same_device(x=xt, topk_idx=idx, topk_weights=w, is_token_in_rank=is_token_in_rank)
         fast = self._fast_path(xt.device)
+        if num_worst_tokens and fast is not None and fast.impl == "triton":
+            from . import _nosync
+
+            return _nosync.dispatch(fast, x, idx, w, num_experts, is_token_in_rank, expert_alignment, num_worst_tokens)
         if fast is not None:
-            return fast.dispatch(x, idx, w, num_experts, is_token_in_rank, expert_alignment)
-        return ref.dispatch(self._comm, x, idx, w, num_experts, is_token_in_rank, expert_alignment)
+            out = fast.dispatch(x, idx, w, num_experts, is_token_in_rank, expert_alignment)
+        else:
+            out = ref.dispatch(self._comm, x, idx, w, num_experts, is_token_in_rank, expert_alignment)
+        return _pad_worst(out, num_worst_tokens) if num_worst_tokens else out
 
     def _num_experts(
         self, num_experts: int | None, per_expert: torch.Tensor | None, per_rank: torch.Tensor | None
@@ -212,9 +229,19 @@ class Buffer:
             raise ValueError("topk_idx / topk_weights: must be None when dispatching with a cached handle")
         if t != handle.num_tokens:
             raise ValueError(f"x: expected {handle.num_tokens} tokens (the handle's), got {t}")
+        if handle.device_counts is not None:  # a no-sync handle: no host sync here either
+            from . import _nosync
+
+            fast = self._fast_path(handle.send_token_idx.device)
+            if fast is None or fast.impl != "triton":
+                raise ValueError("handle: made by the no-sync fast path, which this Buffer no longer has")
+            return _nosync.cached_dispatch(fast, x, handle), None, None, handle.recv_expert_counts, handle
         fast = self._fast_path(handle.send_token_idx.device) if handle.count_matrix is not None else None
         recv_x = fast.cached_dispatch(x, handle) if fast is not None else ref.cached_dispatch(self._comm, x, handle)
-        return recv_x, None, None, list(handle.num_recv_tokens_per_expert_list), handle
+        lists = list(handle.num_recv_tokens_per_expert_list)
+        if handle.num_worst_tokens:  # a synced dispatch padded to W: pad this one too
+            return _pad_rows(recv_x, handle.num_worst_tokens), None, None, _counts_tensor(lists, recv_x), handle
+        return recv_x, None, None, lists, handle
 
     @overload
     def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: None = None) -> torch.Tensor: ...
@@ -245,6 +272,18 @@ class Buffer:
         if topk_weights is not None:
             check_tensor("topk_weights", topk_weights, (torch.float32,), [handle.num_recv_tokens, None])
         check_same_device(x=x, topk_weights=topk_weights, handle=handle.send_token_idx)
+        if handle.device_counts is not None:  # a no-sync handle
+            from . import _nosync
+
+            fast = self._fast_path(x.device)
+            if fast is None or fast.impl != "triton":
+                raise ValueError("handle: made by the no-sync fast path, which this Buffer no longer has")
+            combined, weights = _nosync.combine(fast, x, handle, topk_weights)
+            return combined if weights is None else (combined, weights)
+        if handle.num_worst_tokens:  # a synced dispatch padded to W: the rows past the received ones go nowhere
+            real = sum(handle.recv_counts)
+            x = x[:real]
+            topk_weights = topk_weights[:real] if topk_weights is not None else None
         fast = self._fast_path(x.device) if handle.count_matrix is not None else None
         if fast is not None:
             combined, weights = fast.combine(x, handle, topk_weights)
@@ -343,6 +382,38 @@ class Buffer:
                 raise ValueError(f"topk_idx: expected {handle.k} columns (the dispatch's), got {idx.shape[1]}")
             return fast.combine(x, idx, w, handle, out, return_recv_hook)
         return ref_ll.low_latency_combine(self._comm, x, idx, w, handle, out), _no_op_hook
+
+
+def _pad_rows(x: XPayload, rows: int, fill: float = 0) -> XPayload:
+    """x (or each tensor of a pair) with `rows` rows: x's rows first, then `fill`."""
+    if isinstance(x, tuple):
+        return tuple(_pad_rows(p, rows, fill) for p in x)
+    if x.shape[0] > rows:
+        raise ValueError(f"num_worst_tokens: this rank received {x.shape[0]} rows, more than the bound {rows}")
+    out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    out[: x.shape[0]] = x
+    rest = out[x.shape[0] :]
+    if fill == 0 and x.element_size() == 1:  # FP8 / e8m0: zero the bytes (fill_ need not support them)
+        rest.view(torch.uint8).zero_()
+    else:
+        rest.fill_(fill)
+    return out
+
+
+def _counts_tensor(lists: list[int], like: XPayload) -> torch.Tensor:
+    """The per-expert count list as an int32 tensor on the data's device."""
+    dev = (like[0] if isinstance(like, tuple) else like).device
+    return torch.tensor(lists, dtype=torch.int32, device=dev)
+
+
+def _pad_worst(out: tuple, rows: int) -> tuple:
+    """A synced dispatch's result in the num_worst_tokens form: W rows, counts as a tensor, the handle marked."""
+    import dataclasses
+
+    recv_x, idx, w, lists, handle = out
+    padded = (_pad_rows(recv_x, rows), _pad_rows(idx, rows, -1), _pad_rows(w, rows))
+    handle = dataclasses.replace(handle, num_worst_tokens=rows)
+    return (*padded, _counts_tensor(lists, recv_x), handle)
 
 
 def _ll_fast_ok(hidden: int, x_dtype: torch.dtype, use_fp8: bool, use_ue8m0: bool, world: int) -> bool:

@@ -27,21 +27,59 @@ class DispatchHandle:
     num_experts: int
     is_token_in_rank: torch.Tensor
     send_token_idx: torch.Tensor
-    send_counts: list[int]
-    recv_counts: list[int]
+    send_counts: list[int] | None
+    recv_counts: list[int] | None
     recv_src_idx: torch.Tensor
-    num_recv_tokens_per_expert_list: list[int]
+    num_recv_tokens_per_expert_list: list[int] | None
     # Fast path only: M[s][d] = rows rank s sent to rank d (every rank's offsets derive from it); None
     # when the reference made the handle.
     count_matrix: list[list[int]] | None = None
     # Fused fast path only: int64 [world, num_tokens], the send position of token t's row for rank d (its
     # index into send_token_idx), -1 where t was not sent to d; combine's reduction reads it as is.
     send_pos: torch.Tensor | None = None
+    # dispatch(num_worst_tokens=W): received tensors have W rows (the real ones first). With
+    # `device_counts` (the no-sync fast path) the counts never reached the host: the list fields above are
+    # None, send_token_idx has R * num_tokens entries (the first sum(send counts) valid), recv_src_idx is -1
+    # past the received rows, and device_counts is int64 [R * R + 2] on the device: M row-major, rows
+    # received here, error bits (`backends.triton.nosync.ERRORS`); `recv_expert_counts` int32 [E / R] is the
+    # aligned per-expert count dispatch returned. Without it (a synced path padded to W) the lists are real.
+    num_worst_tokens: int = 0
+    device_counts: torch.Tensor | None = None
+    recv_expert_counts: torch.Tensor | None = None
 
     @property
     def num_recv_tokens(self) -> int:
-        """Rows this rank received (the row count combine expects)."""
+        """Rows combine expects: num_worst_tokens when dispatch was given one, else the rows received."""
+        return self.num_worst_tokens if self.num_worst_tokens else sum(self.recv_counts)
+
+    @property
+    def num_real_recv_tokens(self) -> int:
+        """Rows actually received (a host synchronisation for a no-sync handle)."""
+        if self.device_counts is not None:
+            return int(self.device_counts[-2].item())
         return sum(self.recv_counts)
+
+    def host_counts(self) -> tuple[list[list[int]], list[int]]:
+        """(count matrix M [R][R], tokens per local expert, aligned): the lists a synced dispatch returns;
+        for a no-sync handle this reads them from the device (one host synchronisation, on request only)."""
+        if self.device_counts is None:
+            return [list(r) for r in self.count_matrix or []], list(self.num_recv_tokens_per_expert_list)
+        flat = self.device_counts.tolist()
+        world = self.is_token_in_rank.shape[1]
+        matrix = [flat[s * world : (s + 1) * world] for s in range(world)]
+        return matrix, self.recv_expert_counts.tolist()
+
+    def check(self) -> None:
+        """Raise ValueError if the no-sync dispatch of this handle saw bad input (a host synchronisation;
+        a no-op for other handles, whose dispatch raised already). Every rank sees the same bits."""
+        if self.device_counts is None:
+            return
+        bits = int(self.device_counts[-1].item())
+        if bits:
+            from .backends.triton.nosync import ERRORS
+
+            why = "; ".join(msg for bit, msg in ERRORS.items() if bits & bit)
+            raise ValueError(f"dispatch(num_worst_tokens={self.num_worst_tokens}): {why} (error bits {bits})")
 
 
 @dataclass(frozen=True)

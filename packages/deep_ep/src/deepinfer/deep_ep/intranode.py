@@ -145,6 +145,11 @@ class IntranodeNormal:
 
         slot: from `_exchange_slot` when `row` already IS our slot (the fused layout kernel wrote it there).
         """
+        return self._read_counts(self._share(row, slot))  # the one host synchronisation of a dispatch
+
+    def _share(self, row: torch.Tensor, slot: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """`_exchange` without the host read: returns the int64 [R, width] area (our buffer) holding every
+        rank's row once the GPU gets past the barrier (stream order; the no-sync dispatch reads it there)."""
         width = row.shape[0]
         base, mine = slot if slot is not None else self._exchange_slot(width)
         at = base + self.rank * width * 8
@@ -154,8 +159,7 @@ class IntranodeNormal:
         for r in _peers(self.rank, self.world):
             self.view(("slot-of", r, at, width), lambda r=r: self.transport.buffer(r)[at : at + width * 8]).copy_(src)
         self.transport.barrier()
-        area = self.view(("area", base, width), lambda: self._area(base, width))
-        return self._read_counts(area)  # the one host synchronisation of a dispatch
+        return self.view(("area", base, width), lambda: self._area(base, width))
 
     def _read_counts(self, area: torch.Tensor) -> list[list[int]]:
         """area.tolist(); on CUDA through a grow-only pinned buffer: an async copy + one event wait costs the

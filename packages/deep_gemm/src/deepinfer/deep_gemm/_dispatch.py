@@ -53,6 +53,36 @@ def fp8_dense_impl(device: torch.device) -> str:
     return wanted if backend(device) in ("cuda", "triton") else "triton"
 
 
+FP8_GROUPED_ENV = "DEEPINFER_DEEP_GEMM_FP8_GROUPED"
+FP8_GROUPED_CHOICES = ("auto", "cutlass", "triton", "reference")
+# "auto" for the FP8 grouped GEMMs (contiguous and masked): Triton when the rows per expert are at most this, else
+# CUTLASS. H200 sweep (session 4): the CUTLASS ping-pong config beat the Triton kernel at every measured size (8, 64,
+# 256, 1024 rows per expert, contiguous and masked), so Triton serves only calls CUTLASS cannot take.
+FP8_GROUPED_TRITON_MAX_ROWS = 0
+
+
+def fp8_grouped_impl(device: torch.device, rows_per_group: int, cutlass_ok: bool) -> str:
+    """Which kernel a CUDA FP8 grouped call (contiguous or masked) runs: "cutlass", "triton" or "reference".
+
+    env DEEPINFER_DEEP_GEMM_FP8_GROUPED: "auto" (default: Triton for rows_per_group <= FP8_GROUPED_TRITON_MAX_ROWS,
+    else CUTLASS), "cutlass" (whenever `cutlass_ok`), "triton", "reference". CUTLASS needs `cutlass_ok` (built and
+    the call fits it) and DEEPINFER_DEEP_GEMM_BACKEND auto / cuda, else Triton; Triton needs that variable auto /
+    cuda / triton and Triton importable, else the reference. rows_per_group: the caller's estimate (a tiling hint only).
+    """
+    wanted = os.environ.get(FP8_GROUPED_ENV, "auto").strip().lower() or "auto"
+    if wanted not in FP8_GROUPED_CHOICES:
+        raise ValueError(f"{FP8_GROUPED_ENV}: expected one of {'|'.join(FP8_GROUPED_CHOICES)}, got {wanted!r}")
+    choice = backend(device)  # DEEPINFER_DEEP_GEMM_BACKEND: "triton" turns CUTLASS off, as for the dense GEMM
+    if wanted == "reference" or choice not in ("cuda", "triton"):
+        return "reference"
+    triton_ok = use_triton(device)
+    big = rows_per_group > FP8_GROUPED_TRITON_MAX_ROWS
+    cutlass_ok = cutlass_ok and choice == "cuda" and wanted != "triton"
+    if cutlass_ok and (wanted == "cutlass" or big or not triton_ok):
+        return "cutlass"
+    return "triton" if triton_ok else "reference"
+
+
 def impl(name: str, device: torch.device, ref_fn):
     """The function a call on `device` runs when no CUDA fast path took it: the Ascend mapping of op `name`
     (torch_npu operator where one fits, else the reference) when the backend choice is "ascend", else `ref_fn`."""

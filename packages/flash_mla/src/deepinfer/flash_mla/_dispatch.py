@@ -4,8 +4,10 @@
 "reference" (DEEPINFER_FLASH_MLA_BACKEND forces one).
 On the Triton backend:
 
-* bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn` (all heads per program,
-  split-KV for few tokens): the fast path, used for prefill and decode alike;
+* bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn.sparse_attn_split_triton`, which
+  runs DEFAULT_KERNELS' kernel: the compiled CUDA kernel (`cuda_sparse_decode.py`) when `_C` is built and it
+  takes the call (d = 512, both caches of one format, with or without the extra cache), else the Triton split
+  kernel (all heads per program, split-KV for few tokens); prefill and decode alike. `kernel_for` names it;
 * fp32 q or an fp32 cache, no FP8 cache: `triton_sparse_attn` with fp32 dot operands (exact fp32 products);
 * fp32 mixed with an FP8 cache, or a head dim that is not a power of two >= 16: the reference.
 
@@ -49,6 +51,20 @@ def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> s
     if any(c.dtype == torch.uint8 for c in caches):
         return "reference"
     return "legacy"
+
+
+def kernel_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
+    """The kernel a call with these tensors runs: "cuda" (the compiled sm_90a kernel), "fused" / "chunked" /
+    "deferred" (Triton split kernels), "legacy" (the older Triton kernel) or "reference". Shapes / dtypes only."""
+    path = route(q, kv, extra_kv)
+    if path != "split":
+        return path
+    mod = _kernel("triton_split_attn")
+    fp8 = kv.dtype == torch.uint8 or (extra_kv is not None and extra_kv.dtype == torch.uint8)
+    name = mod.DEFAULT_KERNELS["fp8" if fp8 else "bf16"]
+    if name == "cuda":
+        return "cuda" if _kernel("cuda_sparse_decode").supports(q, kv, extra_kv) is None else "fused"
+    return "fused" if name == "chunked" and q.shape[-1] != 512 else name
 
 
 def sparse_attn(

@@ -41,6 +41,8 @@ _RMS_MAX_D = 16384  # triton_norm.MAX_D
 _POOL_MAX_SLOTS = 1024  # triton_pool.MAX_SLOTS
 _ROUTE_MAX_TOPK, _ROUTE_MAX_EXPERTS = 16, 4096  # triton_route.MAX_TOPK, MAX_EXPERTS
 _ROUTE_SCORINGS = ("sqrtsoftplus", "sigmoid", "softmax")
+_TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # triton_moe.OUT_DTYPES
+_UNPERMUTE_MAX_K = 64  # triton_moe.MAX_UNPERMUTE_K
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -254,8 +256,9 @@ def moe_permute(
     the masked layout's counts); expert_offsets [E] int32 cumulative (padded) segment ends, the `offs` of
     deep_gemm's W4A16 / W4A8 grouped GEMMs and `torch._grouped_mm`; row_expert [P] int32, -1 on padding rows
     (DeepGEMM's `m_indices`); src_map [t, k] int32, the row holding slot (i, j), -1 for masked slots.
-    Order (deterministic): by expert, then token, then slot. Runs the reference on every device (no kernel
-    yet): the ids are range-checked and P is read back, one host sync each.
+    Order (deterministic): by expert, then token, then slot. On CUDA: a Triton counting sort (no atomics) and
+    row copy, `backends/cuda/triton_moe.py` (x of 1, 2, 4 or 8-byte elements); else the reference. Either way
+    the ids are range-checked and P is read back, one host sync each.
     """
     check_tensor("x", x, ndim=2)
     check_tensor("topk_idx", topk_idx, ndim=2)
@@ -271,6 +274,11 @@ def moe_permute(
     if topk_idx.numel() and not bool(((topk_idx >= -1) & (topk_idx < num_experts)).all()):
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
         raise ValueError(f"topk_idx values must be in [-1, {num_experts - 1}] (-1 = masked slot), got {bad}")
+    # no kernel when autograd wants x's gradient (the reference's row gather has a backward)
+    if _triton_ok(x) and x.element_size() in (1, 2, 4, 8) and not (torch.is_grad_enabled() and x.requires_grad):
+        from .backends.cuda.triton_moe import moe_permute_triton  # imports triton: only on this path
+
+        return MoePermutation(*moe_permute_triton(x, topk_idx, num_experts, block))
     return _ascend_or("moe_permute", x.device, _ref.moe_permute)(x, topk_idx, num_experts, block=block)
 
 
@@ -287,8 +295,9 @@ def moe_unpermute(
     src_map: [t, k] int32/int64, `moe_permute(...).src_map` (rows in [0, P), -1 = masked slot: contributes
     nothing, its weight is not read). topk_weights: [t, k] float (fp32 from `moe_route`).
     Math in fp32: each product rounded to fp32, summed in slot order from 0 (deterministic, no atomics), one cast
-    at the end. Returns [t, h] out_dtype (default y.dtype). Runs the reference on every device (no kernel yet);
-    src_map is range-checked (one host sync).
+    at the end. Returns [t, h] out_dtype (default y.dtype). On CUDA (y and weights fp32/bf16/fp16, out_dtype
+    one of those): a Triton kernel with the reference's order and roundings, `backends/cuda/triton_moe.py`;
+    else the reference. src_map is range-checked (one host sync).
     """
     check_tensor("y", y, ndim=2, floating=True)
     check_tensor("src_map", src_map, ndim=2)
@@ -306,6 +315,11 @@ def moe_unpermute(
     if src_map.numel() and not bool(((src_map >= -1) & (src_map < rows)).all()):
         bad = src_map[(src_map < -1) | (src_map >= rows)][0].item()
         raise ValueError(f"src_map values must be in [-1, {rows - 1}] (rows of y; -1 = masked slot), got {bad}")
+    odt = y.dtype if out_dtype is None else out_dtype
+    if _triton_float_ok(y, topk_weights) and odt in _TRITON_OUT_DTYPES and src_map.shape[1] <= _UNPERMUTE_MAX_K:
+        from .backends.cuda.triton_moe import moe_unpermute_triton
+
+        return moe_unpermute_triton(y, src_map, topk_weights, out_dtype)
     return _ascend_or("moe_unpermute", y.device, _ref.moe_unpermute)(y, src_map, topk_weights, out_dtype=out_dtype)
 
 

@@ -7,7 +7,9 @@ DEEPINFER_TILE_KERNELS_BACKEND=reference; other calls run the PyTorch reference:
   (triton_quant.py), softmax_pool (triton_pool.py), moe_route (triton_route.py), swiglu_clamp_fp8 and
   kv_norm_rope_quant (triton_fused.py).
 * not yet run on a GPU (CPU interpreter tests and sm_90 compile only): hash_route (triton_route.py), the FP4
-  quantisers (triton_fp4.py), hadamard_transform and the fused hadamard_fp4_quant_dequant (triton_hadamard.py).
+  quantisers (triton_fp4.py), hadamard_transform and the fused hadamard_fp4_quant_dequant (triton_hadamard.py),
+  moe_permute / moe_unpermute (triton_moe.py; moe_permute copies rows of any 1/2/4/8-byte dtype), the one-pass
+  mhc_pre / mhc_head (triton_mhc.py, impl="fused"; a benchmark config, not the default).
 No compiled (CUDA C++) kernel exists.
 """
 

@@ -9,6 +9,8 @@ ids / weights), so the results are bit-identical to the reference's.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -16,7 +18,9 @@ import triton.language as tl
 LAYOUT_BLOCK_T = 512  # tokens per step of the one scanning program (8 steps for 4096 tokens)
 LAYOUT_BLOCK_TE = 256  # tokens per step of an expert-counting program
 LAYOUT_BLOCK_E = 32  # experts per counting program (8 programs for 256 experts)
-PUSH_BLOCK_T = 4  # rows per program of the payload movers (the tuned gather's shape: 323 GB/s over NVLink)
+# rows per program of the payload movers: the tuned gather's shape on the GPU (323 GB/s over NVLink); 32 under
+# the interpreter, which runs programs one after another (each costs about the same whatever its size)
+PUSH_BLOCK_T = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 4
 PUSH_BLOCK_W = 1024
 BIG: tl.constexpr = tl.constexpr(1 << 62)  # "no id seen" for the min / max of the ids
 

@@ -8,11 +8,13 @@ float32, rounded once to out's dtype.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_ROWS = 4
+BLOCK_ROWS = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 4  # the interpreter: fewer, bigger programs
 BLOCK_WORDS = 1024
 
 
@@ -84,9 +86,9 @@ def combine_reduce_triton(
     if t == 0 or width == 0:
         return
     block_w = min(512, triton.next_power_of_2(width))
-    grid = (triton.cdiv(t, 4), triton.cdiv(width, block_w))
+    grid = (triton.cdiv(t, BLOCK_ROWS), triton.cdiv(width, block_w))
     bf16 = out.dtype == torch.bfloat16
     _combine_reduce_kernel[grid](
         pos, back, y, out.view(torch.int16) if bf16 else out, t, width, self_range[0], self_range[1], shift,
-        R=world, BLOCK_T=4, BLOCK_W=block_w, BF16_BITS=bf16,
+        R=world, BLOCK_T=BLOCK_ROWS, BLOCK_W=block_w, BF16_BITS=bf16,
     )  # fmt: skip

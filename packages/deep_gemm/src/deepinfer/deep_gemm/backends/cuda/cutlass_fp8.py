@@ -20,8 +20,9 @@ A caller that keeps its activation scales M-major can pass them with `sfa_is_mn_
 B's scales are read K-major as given (cp.async, one 4-byte load per 128x128 block).
 
 Configs (csrc/cuda/cutlass/dg_cutlass_fp8.h, `CONFIGS`): 0/2 = 128x128x128 cooperative, cluster 1x2, stream-K
-(k is split across CTAs when there are fewer tiles than SMs: small m); 3 = the same with cluster 2x1; 1/4 =
-64x128x128 ping-pong, persistent. Runtime tile-scheduler knobs (no extra instantiation): raster (0 heuristic,
+(k is split across CTAs when there are fewer tiles than SMs: small m); 3 = the same with cluster 2x1; 5 = the
+same with cluster 2x2 (A and B multicast: less L2 traffic per FLOP; not yet measured); 1/4 = 64x128x128 ping-pong,
+persistent. Runtime tile-scheduler knobs (no extra instantiation): raster (0 heuristic,
 1 along M, 2 along N), swizzle (1/2/4/8), and for the stream-K configs decomposition (0 heuristic, 1 data-parallel,
 2 split-K, 3 stream-K) with splits. `auto_config(m, n, k)` is the per-shape choice of the API's auto dispatch.
 Launch cost: the host builds TMA descriptors per call (a few us of CPU; the GPU work is asynchronous). The
@@ -57,9 +58,10 @@ CONFIGS = {
     2: "128x128x128 cooperative 1x2 stream-K, K-major A scales",
     3: "128x128x128 cooperative 2x1 stream-K, K-major A scales",
     4: "64x128x128 ping-pong 1x1 persistent, K-major A scales",
+    5: "128x128x128 cooperative 2x2 stream-K, K-major A scales",
 }
-K_MAJOR_SFA = frozenset({2, 3, 4})  # configs that read the API's [m, k/128] A scales as is
-STREAM_K = frozenset({0, 2, 3})  # configs whose scheduler takes decomposition / splits
+K_MAJOR_SFA = frozenset({2, 3, 4, 5})  # configs that read the API's [m, k/128] A scales as is
+STREAM_K = frozenset({0, 2, 3, 5})  # configs whose scheduler takes decomposition / splits
 # The auto dispatch's configs use K-major A scales (2 / 4: no per-call transpose): configs 2-4 passed
 # tests/test_dg_fp8_cutlass.py on the H200 and measured as fast as 0 / 1 at large m and faster at m <= 128
 # (pingpong_k 12.8 vs 15.0 us at 128 x 1024 x 4096, 2026-11-30); False restores the M-major configs 0 / 1.

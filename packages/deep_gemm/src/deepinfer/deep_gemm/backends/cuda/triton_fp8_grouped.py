@@ -12,9 +12,10 @@ CUDA cores; E8M0 decoded bit-exactly); semantics = `reference.m_grouped_fp8_gemm
   BLOCK_N)); tiles past a group's count do nothing (read on the device: CUDA-graph safe). Rows >= masked_m[g]
   of out are left untouched.
 
-Requirements: k % 16 == 0; operands contiguous; ids / counts in range (NOT checked here: the API's reference
-path validates them; an out-of-range id reads out of bounds). The launchers never sync with the host.
-Not wired into the public API until its GPU tests pass (see `tests/test_dg_fp8_grouped_triton.py`).
+Requirements: k % 16 == 0; operands contiguous. Ids / counts are not validated (no host sync): contiguous rows
+with an id outside [0, g-1] are zeroed like padding, masked counts are clamped to [0, m_max]. The launchers never
+sync with the host. The API (`api_moe.py`) runs these on CUDA where CUTLASS does not take the call or the experts
+are small (`_dispatch.fp8_grouped_impl`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _store(out_ptr, rows, cols, stride_om, acc, mask_rows, c_mask, SWAP_AB: tl.c
 @triton.jit
 def _contiguous_kernel(
     a_ptr, sfa_ptr, b_ptr, sfb_ptr, ids_ptr, out_ptr,
-    M, N, K,
+    M, N, K, G,
     stride_am, stride_sfa_m, stride_sfa_k, stride_bg, stride_bn, stride_sfb_g, stride_sfb_n, stride_sfb_k,
     stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SFA_E8M0: tl.constexpr,
@@ -98,6 +99,7 @@ def _contiguous_kernel(
     r_mask = rows < M
     c_mask = cols < N
     ids = tl.load(ids_ptr + rows, mask=r_mask, other=-1)
+    ids = tl.where(ids < G, ids, -1)  # ids are not validated (no host sync): an id >= G is zeroed like padding
     if SWAP_AB:
         zero = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
@@ -201,9 +203,9 @@ def m_grouped_fp8_contiguous_triton(
     """out[i] = dequant(a[i]) @ dequant(b[m_indices[i]])^T, rows with id -1 zeroed; returns out.
 
     a: e4m3 [M, k], sfa fp32|e8m0 [M, ceil(k/128)]; b: e4m3 [g, n, k], sfb [g, ceil(n/128), ceil(k/128)];
-    out: bf16|fp32 [M, n]; m_indices: int32 [M] in [-1, g-1] (not checked). Tiles: `default_config` of the
-    expected rows per group (expected_m; None -> 128, DeepGEMM's row alignment of the contiguous layout);
-    swap_ab None -> expected rows <= 64.
+    out: bf16|fp32 [M, n]; m_indices: int32 [M] (not checked: rows with ids outside [0, g-1] are zeroed).
+    Tiles: `default_config` of the expected rows per group (expected_m; None -> 128, DeepGEMM's row alignment of
+    the contiguous layout); swap_ab None -> expected rows <= 64.
     """
     m, n, k = _check(a, sfa, b, sfb, out)
     rows = 128 if expected_m is None else max(int(expected_m), 1)
@@ -218,7 +220,7 @@ def m_grouped_fp8_contiguous_triton(
     sa, sb = _u8(sfa), _u8(sfb)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _contiguous_kernel[grid](
-        a, sa, b, sb, m_indices, out, m, n, k,
+        a, sa, b, sb, m_indices, out, m, n, k, b.shape[0],
         a.stride(0), sa.stride(0), sa.stride(1), b.stride(0), b.stride(1), sb.stride(0), sb.stride(1), sb.stride(2),
         out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SWAP_AB=rows <= 64 if swap_ab is None else bool(swap_ab),

@@ -20,7 +20,7 @@ import re
 
 __all__ = [
     "W4A16Config", "DECODE", "PREFILL", "PREFILL_256", "V3_DECODE", "SWEEP", "default_config", "parse_config",
-    "rows_per_group",
+    "rows_per_group", "CUDA_VARIANTS", "CUDA_MAX_ROWS", "CUDA_SWEEP", "cuda_config", "cuda_variant",
 ]  # fmt: skip
 
 
@@ -29,7 +29,9 @@ class W4A16Config:
     """One launch configuration: tile sizes (powers of two; block_m, block_n >= 16; block_k >= 32, dividing k),
     Triton's num_warps / num_stages, and which kernel: 1 = `triton_fp4_grouped.py`, 2 =
     `triton_fp4_grouped_v2.py` (natural-k-order single dot, int32 scale words; block_k must be 128), 3 =
-    `triton_fp4_grouped_v3.py` (decode: fewer dequant ops per weight, optional split-K).
+    `triton_fp4_grouped_v3.py` (decode: fewer dequant ops per weight, optional split-K), 4 = the compiled CUDA
+    kernel (`csrc/cuda/dg_fp4_grouped.cuh` via `cuda_fp4_grouped.py`: block_m = tokens per block, 8..64;
+    block_n = rows per CTA = num_warps * 16 * (1 or 2); block_k must be 256; one of `CUDA_VARIANTS`).
     Kernel 3 only: fold = one multiply by 2^(s-1) per two weights (exact for scale bytes <= 128 only, see
     the kernel's docstring); split_k in {1, 2, 4, 8} = k splits with fp32 partials and a reduce kernel."""
 
@@ -45,16 +47,20 @@ class W4A16Config:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"{name}: expected a power of two >= 16, got {v!r}")
+            low = 8 if name == "block_m" and self.kernel == 4 else 16  # the CUDA kernel's MMA N side is 8 tokens
+            if not isinstance(v, int) or v < low or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of two >= {low}, got {v!r}")
         if not isinstance(self.block_k, int) or self.block_k < 32 or self.block_k & (self.block_k - 1):
             raise ValueError(f"block_k: expected a power of two >= 32, got {self.block_k!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages: expected an int in [1, 8], got {self.num_stages!r}")
-        if self.kernel not in (1, 2, 3):
-            raise ValueError(f"kernel: expected 1, 2 or 3, got {self.kernel!r}")
+        if self.kernel not in (1, 2, 3, 4):
+            raise ValueError(f"kernel: expected 1, 2, 3 or 4, got {self.kernel!r}")
+        if self.kernel == 4 and cuda_variant(self) not in CUDA_VARIANTS:
+            raise ValueError(f"kernel 4: expected one of the compiled CUDA variants {sorted(CUDA_NAMES)}, got "
+                             f"{self.name!r}")  # fmt: skip
         if self.split_k not in (1, 2, 4, 8):
             raise ValueError(f"split_k: expected 1, 2, 4 or 8, got {self.split_k!r}")
         if self.kernel != 3 and (self.fold or self.split_k != 1):
@@ -67,6 +73,8 @@ class W4A16Config:
     def name(self) -> str:
         """Short id, e.g. 'm16n64k128w2s3' (kernel 2: suffix 'v2'; kernel 3: 'v3', then 'f' for fold and 'x2'
         for split_k = 2; parse it back with `parse_config`)."""
+        if self.kernel == 4:
+            return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}cu"
         v = "" if self.kernel == 1 else f"v{self.kernel}"
         v += ("f" if self.fold else "") + (f"x{self.split_k}" if self.split_k > 1 else "")
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{v}"
@@ -74,7 +82,11 @@ class W4A16Config:
 
 def parse_config(name: str) -> W4A16Config:
     """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3); '...v2' -> kernel 2; '...v3', '...v3f', '...v3fx2'
-    -> kernel 3 (fold, split_k 2); ValueError for anything else (including fold / split on kernels 1-2)."""
+    -> kernel 3 (fold, split_k 2); 'm8n128k256w4s4cu' -> kernel 4 (CUDA); ValueError for anything else (including
+    fold / split on kernels 1-2 and CUDA variants that are not compiled)."""
+    cuda = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)cu", name)
+    if cuda is not None:
+        return W4A16Config(*(int(v) for v in cuda.groups()), kernel=4)
     match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:v([23]))?(f)?(?:x(\d+))?", name)
     if match is None:
         raise ValueError(
@@ -151,3 +163,50 @@ def default_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config
     if rows <= 96:
         return MID
     return PREFILL_256 if rows >= PREFILL_256_MIN_ROWS else PREFILL
+
+
+# ---- kernel 4: the compiled CUDA kernel (csrc/cuda/dg_fp4_grouped.cuh), memory-bound regime (<= 64 rows per group)
+# (tn, warps, rt, stages) of every compiled variant: tokens per block, warps per CTA, 16-row MMA tiles per warp,
+# cp.async stages. Keep in sync with kEntries in csrc/cuda/dg_fp4_grouped.cu (a GPU test compares them).
+CUDA_VARIANTS: tuple[tuple[int, int, int, int], ...] = (
+    (8, 4, 2, 4), (8, 4, 1, 4), (8, 8, 1, 4), (8, 4, 2, 6), (16, 4, 2, 4), (16, 4, 1, 4), (16, 8, 1, 4),
+    (32, 4, 2, 3), (32, 8, 1, 3), (64, 4, 2, 3), (64, 8, 1, 3),
+)  # fmt: skip
+CUDA_NAMES = tuple(f"m{t}n{w * r * 16}k256w{w}s{s}cu" for t, w, r, s in CUDA_VARIANTS)
+# The auto rule sends groups of at most this many rows (estimated: `rows_per_group`) to the CUDA kernel. H200 run
+# (session 4): the 8-token variants beat Triton 1.1-1.45x at 1-8 rows per expert, the 64-token ones lost to it
+# (0.81-0.87x) at 64 rows per expert; 16 keeps the measured wins (16-32 rows per expert were not measured).
+CUDA_MAX_ROWS = 16
+
+
+def cuda_variant(cfg: W4A16Config) -> tuple[int, int, int, int] | None:
+    """(tn, warps, rt, stages) of a kernel-4 config (None when its tiles cannot map to the CUDA kernel)."""
+    rt, rem = divmod(cfg.block_n, 16 * cfg.num_warps)
+    if rem or cfg.block_k != 256:
+        return None
+    return (cfg.block_m, cfg.num_warps, rt, cfg.num_stages)
+
+
+def _cu(tn: int, warps: int, rt: int, stages: int) -> W4A16Config:
+    return W4A16Config(tn, warps * rt * 16, 256, num_warps=warps, num_stages=stages, kernel=4)
+
+
+# Default variant per tokens-per-block: 64-feature CTAs (rt = 1) measured fastest at 1-8 rows per expert on the H200
+# (session 4, gate+up and down); 32 / 64 untuned (the benchmark sweeps CUDA_SWEEP).
+CUDA_BY_TN: dict[int, W4A16Config] = {
+    8: _cu(8, 4, 1, 4), 16: _cu(16, 4, 1, 4), 32: _cu(32, 4, 2, 3), 64: _cu(64, 4, 2, 3),
+}  # fmt: skip
+CUDA_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
+    tn: tuple(_cu(*v) for v in CUDA_VARIANTS if v[0] == tn) for tn in (8, 16, 32, 64)
+}
+
+
+def cuda_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config | None:
+    """The CUDA kernel's config for a grouped GEMM of m rows over g groups (metadata only), or None when the rows
+    per group estimate is above CUDA_MAX_ROWS (the Triton tiles serve those). Tokens per block = the smallest of
+    8 / 16 / 32 / 64 covering the estimate (a group with more rows streams its weights once per block)."""
+    rows = rows_per_group(m, g, expected_m)
+    if rows > CUDA_MAX_ROWS:
+        return None
+    tn = next(t for t in (8, 16, 32, 64) if rows <= t)
+    return CUDA_BY_TN[tn]

@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from . import cuda_topk
 from .cuda_topk import available as cuda_available
 from .cuda_topk import choose_split, topk_cuda, topk_cuda_split
 
@@ -74,8 +75,9 @@ def _select_cuda(
     segs = 1
     if SPLIT_ENABLED and starts is None:
         segs = choose_split(b, n, k, _num_sms(scores.device.index or 0))
-    if segs > 1:
-        return topk_cuda_split(scores, k, segs, lengths=lengths, out=out)
+    if segs > 1:  # the segments run DEFAULT_MODE when it is a split mode (fast / lean / lean_pf), else fast
+        mode = cuda_topk.DEFAULT_MODE if cuda_topk.DEFAULT_MODE in cuda_topk.SPLIT_MODES else "fast"
+        return topk_cuda_split(scores, k, segs, lengths=lengths, out=out, mode=mode)
     return topk_cuda(scores, k, lengths=lengths, starts=starts, out=out)
 
 

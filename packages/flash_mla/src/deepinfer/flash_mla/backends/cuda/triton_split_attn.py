@@ -393,7 +393,7 @@ _STAGES_CAP: dict[tuple, int] = {}
 
 
 # sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred, and the
-# compiled sm_90a kernel (cuda_sparse_decode.py; needs _C, bf16 q, h % 64 == 0, d = 512, no extra cache)
+# compiled sm_90a kernel (cuda_sparse_decode.py; needs _C, bf16 q, d = 512, an extra cache of the main one's format)
 KERNELS = ("fused", "chunked", "deferred", "cuda")
 
 
@@ -414,7 +414,7 @@ def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
 # The kernel `sparse_attn_split_triton(kernel=None)` runs, per cache format ("fp8": any FP8 cache involved).
 # "cuda" (the sm_90a wgmma kernel of csrc/cuda) passed its H200 tests and beat every Triton kernel at every decode
 # shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2); it falls back to
-# "fused" for a call it cannot take (no _C, an extra cache, q not bf16, h % 64, d != 512).
+# "fused" for a call it cannot take (no _C, q not bf16, d != 512, an extra cache of the other format).
 DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
 
 
@@ -488,6 +488,9 @@ def sparse_attn_split_triton(
     config: tuple[int, int, int, int] | None = None,
     dot_fp32: bool | None = None,
     kernel: str | None = None,
+    cuda_plan: str | None = None,
+    cuda_merge: str | None = None,
+    cuda_prefetch: bool | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention, all heads per program, split-KV; returns (out [t, h, d] q.dtype, lse fp32 [t, h]).
 
@@ -506,7 +509,10 @@ def sparse_attn_split_triton(
             "chunked" (`triton_split_chunked.py`: the tile in eight 64-dim chunks, FP8 scales applied per chunk;
             d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
             across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled sm_90a wgmma kernel; bf16 q,
-            h % 64 == 0, d = 512, no extra cache; raises otherwise). Same results up to rounding.
+            d = 512, both caches of one format; raises otherwise). Same results up to rounding.
+        cuda_plan, cuda_merge, cuda_prefetch: the CUDA kernel's split plan / partial merge / L2 prefetch
+            (`cuda_sparse_decode.PLANS` / `MERGES`, `sparse_attn_cuda(prefetch=)`; None: its DEFAULT_OPTIONS);
+            ignored when another kernel runs.
     """
     if q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"q: expected bf16/fp32 [t, h, d], got {q.dtype} {tuple(q.shape)}")
@@ -524,8 +530,10 @@ def sparse_attn_split_triton(
         why = cu.supports(q, kv, extra_kv) or ("config / dot_fp32 do not apply" if config or dot_fp32 else None)
         if why is None:
             return cu.sparse_attn_cuda(
-                q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits
-            )
+                q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits,
+                extra_kv=extra_kv, extra_indices=extra_indices, plan=cuda_plan, merge=cuda_merge,
+                prefetch=cuda_prefetch,
+            )  # fmt: skip
         if kernel == "cuda":
             raise ValueError(f"kernel='cuda' cannot run this call: {why}")
         kernel = "fused"  # the default names the CUDA kernel but this call does not fit it

@@ -20,6 +20,9 @@ needs the whole [hc * d] row of a token before any weight is known, and a token 
 at V4 width) is too large to keep on chip or in L2 across all SMs.
 
 All math is fp32; the launchers do no host sync (CUDA-graph safe) and their splits depend only on shapes.
+
+`impl="fused"` (`triton_mhc_fused.py`) does both steps in one launch, re-reading each token block from L2 instead
+of HBM; `DEFAULT_IMPL` names what the launchers (and so the API) run without an `impl` argument.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ FIN_NUM_WARPS = 4
 # "ieee": exact fp32 on CUDA cores (3.5x slower than tf32x3 at t = 16k). The interpreter computes every
 # variant in fp32 (its bf16 tl.dot is wrong, so "bf16x3" is never picked there).
 DOT_PRECISION = "auto"
+IMPLS = ("split", "fused")  # two launches (this module) | one launch (triton_mhc_fused.py)
+DEFAULT_IMPL = "split"
 
 
 @triton.jit
@@ -333,6 +338,14 @@ def _check_out(name: str, o: torch.Tensor, shape: tuple[int, ...], dtype: torch.
         )
 
 
+def _check_impl(impl: str | None) -> str:
+    """impl, or DEFAULT_IMPL for None; raise unless it is one of IMPLS."""
+    impl = DEFAULT_IMPL if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS} or None, got {impl!r}")
+    return impl
+
+
 def _check_x(x: torch.Tensor) -> tuple[int, int, int]:
     """Raise unless x is [t, hc, d] with hc a power of two >= 4; return its shape."""
     if x.dim() != 3:
@@ -352,6 +365,8 @@ def mhc_pre_triton(
     hc_eps: float = 1e-6,
     sinkhorn_iters: int = 20,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    impl: str | None = None,
+    config: str = "default",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused mHC pre, same contract as `ref.mhc.mhc_pre`.
 
@@ -359,8 +374,10 @@ def mhc_pre_triton(
     scale: [3]; base: [(2+hc)*hc]. hc must be a power of two >= 4 (V4: 4).
     Returns x_in [t, d] (x.dtype, contiguous), post [t, hc] fp32, comb [t, hc, hc] fp32; written into `out`
     (contiguous tensors of exactly those shapes and dtypes) when it is given, else freshly allocated.
-    Shape checks only; no host sync, so it can be captured in a CUDA graph.
+    impl: "split" (two launches) or "fused" (one launch, `triton_mhc_fused.py`, with its named `config`);
+    None: DEFAULT_IMPL. Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
+    impl = _check_impl(impl)
     t, hc, d = _check_x(x)
     if tuple(fn.shape) != ((2 + hc) * hc, hc * d):
         raise ValueError(f"fn must have shape {((2 + hc) * hc, hc * d)}, got {tuple(fn.shape)}")
@@ -379,6 +396,11 @@ def mhc_pre_triton(
     if t == 0 or d == 0:
         return x_in, post, comb
     scale, base = scale.reshape(-1).contiguous(), base.reshape(-1).contiguous()
+    if impl == "fused":
+        from .triton_mhc_fused import mhc_fused_triton
+
+        mhc_fused_triton(x, fn, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, False, config)
+        return x_in, post, comb
     part, sq = _launch_mix(x, fn)
     _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
     return x_in, post, comb
@@ -391,13 +413,17 @@ def mhc_head_triton(
     base: torch.Tensor,
     rms_eps: float = 1e-6,
     hc_eps: float = 1e-6,
+    impl: str | None = None,
+    config: str = "default",
 ) -> torch.Tensor:
-    """Fused mHC head, same contract as `ref.mhc.mhc_head`: two launches (mix partials, gates + stream sum).
+    """Fused mHC head, same contract as `ref.mhc.mhc_head`: two launches (mix partials, gates + stream sum), or
+    one with impl="fused" (see `mhc_pre_triton`; None: DEFAULT_IMPL).
 
     x: [t, hc, d] bf16/fp16/fp32 (any strides); fn: [hc, hc*d] (any strides, read as fp32); scale: [1];
     base: [hc]. hc must be a power of two >= 4 (V4: 4). Returns [t, d] in x.dtype, contiguous.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
+    impl = _check_impl(impl)
     t, hc, d = _check_x(x)
     if tuple(fn.shape) != (hc, hc * d):
         raise ValueError(f"fn must have shape {(hc, hc * d)}, got {tuple(fn.shape)}")
@@ -407,6 +433,11 @@ def mhc_head_triton(
     if t == 0 or d == 0:
         return out
     scale, base = scale.reshape(-1).contiguous(), base.reshape(-1).contiguous()
+    if impl == "fused":
+        from .triton_mhc_fused import mhc_fused_triton
+
+        mhc_fused_triton(x, fn, scale, base, (out, out, out), rms_eps, hc_eps, 1, True, config)
+        return out
     part, sq = _launch_mix(x, fn, head=True)
     _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True)
     return out

@@ -98,6 +98,71 @@ def _route_kernel(
     tl.store(ids_ptr + tok * K + kx, iv.to(tl.int64), mask=kmask)
 
 
+@triton.jit
+def _route_rows_kernel(
+    logits_ptr,
+    bias_ptr,
+    w_ptr,
+    ids_ptr,
+    T,
+    E,
+    stride_t,
+    stride_e,
+    stride_b,
+    route_scale,
+    HAS_BIAS: tl.constexpr,
+    SCORING: tl.constexpr,
+    RENORM: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """`_route_kernel` for BLOCK_T tokens per program ([BLOCK_T, BLOCK_E] tiles, reductions along the experts):
+    fewer, fuller programs. Same per-row math; the ids equal the one-token kernel's, the weights up to the
+    order of the (renorm / softmax) sums."""
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < T
+    ex = tl.arange(0, BLOCK_E)
+    emask = ex < E
+    m2 = tmask[:, None] & emask[None, :]
+    x = tl.load(logits_ptr + tok[:, None] * stride_t + ex[None, :] * stride_e, mask=m2, other=0.0).to(tl.float32)
+    if SCORING == 0:
+        e = tl.exp(x)
+        u = 1.0 + e
+        lp = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+        s = tl.sqrt(tl.where(x > 20.0, x, lp))
+    elif SCORING == 1:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        xm = tl.where(emask[None, :], x, _NEG_INF)
+        exm = tl.exp(xm - tl.max(xm, axis=1)[:, None])
+        s = exm / tl.sum(exm, axis=1)[:, None]
+    sel = s
+    if HAS_BIAS:
+        sel = sel + tl.load(bias_ptr + ex * stride_b, mask=emask, other=0.0).to(tl.float32)[None, :]
+    sel = tl.where(emask[None, :], sel, _NEG_INF)
+    kx = tl.arange(0, BLOCK_K)[None, :]
+    wv = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    iv = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+    for k in tl.static_range(K):
+        best = tl.max(sel, axis=1)
+        idx = tl.min(tl.where(sel == best[:, None], ex[None, :], BLOCK_E), axis=1)
+        idx = tl.minimum(idx, E - 1)  # NaN rows: no lane equals the max; stay in range
+        hit = ex[None, :] == idx[:, None]
+        wk = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        wv = tl.where(kx == k, wk[:, None], wv)
+        iv = tl.where(kx == k, idx[:, None], iv)
+        sel = tl.where(hit, _NEG_INF, sel)
+    kmask = kx < K
+    if RENORM:
+        wv = wv / tl.sum(tl.where(kmask, wv, 0.0), axis=1)[:, None]
+    wv = wv * route_scale
+    om = tmask[:, None] & kmask
+    tl.store(w_ptr + tok[:, None] * K + kx, wv, mask=om)
+    tl.store(ids_ptr + tok[:, None] * K + kx, iv.to(tl.int64), mask=om)
+
+
 def moe_route_triton(
     logits: torch.Tensor,
     bias: torch.Tensor | None,
@@ -105,13 +170,19 @@ def moe_route_triton(
     scoring: str = "sqrtsoftplus",
     route_scale: float = 1.0,
     renorm: bool = True,
+    block_t: int = 1,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router, same contract as `ref.moe.moe_route`: ids = top-k of score + bias (ties: lower id),
     weights = score[ids] (renormalised when `renorm`) * route_scale.
 
     logits: [t, E] fp32/bf16/fp16, any strides, E <= MAX_EXPERTS; bias: [E] float or None; 1 <= topk <=
     min(E, MAX_TOPK). Returns (weights fp32 [t, topk], ids int64 [t, topk]). No host sync.
+    block_t / num_warps (benchmark configs): tokens per program (1: `_route_kernel`, the default; a power of two
+    > 1: `_route_rows_kernel`) and warps (None: by E and block_t).
     """
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"block_t must be a power of two >= 1, got {block_t}")
     if not isinstance(logits, torch.Tensor) or logits.dtype not in _DTYPES or logits.dim() != 2:
         raise TypeError(f"logits must be a 2-D fp32/bf16/fp16 tensor, got {getattr(logits, 'dtype', logits)}")
     t, e = logits.shape
@@ -132,6 +203,14 @@ def moe_route_triton(
     if t == 0:
         return weights, ids
     be = max(16, triton.next_power_of_2(e))
+    if block_t > 1:
+        _route_rows_kernel[(triton.cdiv(t, block_t),)](
+            logits, bias if bias is not None else logits, weights, ids, t, e, logits.stride(0), logits.stride(1),
+            bias.stride(0) if bias is not None else 0, float(route_scale), HAS_BIAS=bias is not None,
+            SCORING=SCORINGS[scoring], RENORM=bool(renorm), K=topk, BLOCK_T=block_t, BLOCK_E=be,
+            BLOCK_K=max(2, triton.next_power_of_2(topk)), num_warps=num_warps or max(1, min(8, block_t * be // 1024)),
+        )  # fmt: skip
+        return weights, ids
     _route_kernel[(t,)](
         logits,
         bias if bias is not None else logits,
@@ -148,7 +227,7 @@ def moe_route_triton(
         K=topk,
         BLOCK_E=be,
         BLOCK_K=max(2, triton.next_power_of_2(topk)),
-        num_warps=max(1, min(8, be // 256)),
+        num_warps=num_warps or max(1, min(8, be // 256)),
     )
     return weights, ids
 

@@ -1,0 +1,98 @@
+"""Compiled CUDA W4A16 M-grouped GEMM ("kernel 4" of `W4A16Config`): the memory-bound regime, <= 64 rows per group.
+
+Kernel: `csrc/cuda/dg_fp4_grouped.cuh` (built into `deepinfer.deep_gemm._C` by DEEPINFER_DEVICE=cuda builds; no
+CUTLASS needed). Swap-AB mma.sync.m16n8k16 bf16 GEMV-GEMM in the style of Marlin: one CTA per (expert, block_n
+output features) streams that slab of packed e2m1 weights, their E8M0 scales and the expert's activation rows
+through a multi-stage cp.async pipeline (the scales ride in the same pipeline as the weights), dequantises in
+registers (exact for scale bytes 0..254) and accumulates in fp32. Tokens per expert come from `offs` on the device:
+experts with no rows exit at once, and the launcher never syncs with the host (CUDA-graph safe). No weight
+re-layout is needed: each lane reads whole 16-byte chunks of its weight rows (the MMA's k order is permuted to
+match, see the kernel's header comment).
+
+Same operands and contract as `triton_fp4_grouped.py`. Requirements checked by `applies`: CUDA tensors on an sm_90
+device, a 16-byte aligned `a` and packed weights, 4-byte aligned scales, `_C` built with the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..._backend import compiled_module
+from .w4a16_configs import CUDA_VARIANTS, W4A16Config, cuda_variant
+
+__all__ = ["available", "applies", "compiled_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda"]
+
+
+def _module():
+    """`deepinfer.deep_gemm._C` when it imports and has the FP4 kernels, else None."""
+    mod = compiled_module()
+    return mod if mod is not None and hasattr(mod, "fp4_w4a16_grouped") else None
+
+
+def available() -> bool:
+    """True when `_C` has the W4A16 CUDA kernel (a DEEPINFER_DEVICE=cuda build of this source tree)."""
+    return _module() is not None
+
+
+def compiled_variants() -> tuple[tuple[int, int, int, int], ...]:
+    """(tn, warps, rt, stages) of every variant `_C` was built with (empty without `_C`)."""
+    mod = _module()
+    return () if mod is None else tuple(tuple(v) for v in mod.fp4_w4a16_variants())
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def applies(a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> bool:
+    """True when the CUDA kernel can take these (already validated) operands: `_C` has it, CUDA sm_90 device, a
+    and packed 16-byte aligned, scales 4-byte aligned."""
+    if not (a.is_cuda and available() and _is_sm90(a.device.index or 0)):
+        return False
+    return a.data_ptr() % 16 == 0 and packed.data_ptr() % 16 == 0 and scales.data_ptr() % 4 == 0
+
+
+def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(
+    a: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor,
+    config: W4A16Config,
+) -> torch.Tensor:
+    """Launch the CUDA kernel on validated operands (see `api_w4a16.py`); returns `out`.
+
+    a: bf16 [m, k] contiguous, 16-byte aligned; packed: int8/uint8 [g, n, k/2] (low nibble = even column),
+    16-byte aligned; scales: float8_e8m0fnu/uint8 [g, n, k/32], 4-byte aligned; offs: int32 [g] cumulative group
+    ends (read on the device only); out: bf16 [m, n] contiguous. config: a kernel-4 `W4A16Config` (block_m =
+    tokens per block, block_n = rows per CTA). Raises RuntimeError when `_C` lacks the kernel or the variant,
+    ValueError when the operands do not fit it (alignment, device).
+    """
+    variant = cuda_variant(config) if config.kernel == 4 else None
+    if variant not in CUDA_VARIANTS:
+        raise ValueError(f"config: expected a kernel-4 config of CUDA_VARIANTS, got {config.name!r}")
+    mod = _module()
+    if mod is None:
+        raise RuntimeError("deep_gemm._C was not built with the FP4 CUDA kernels (build with DEEPINFER_DEVICE=cuda)")
+    if variant not in compiled_variants():
+        raise RuntimeError(f"config {config.name!r}: _C was built without this variant (rebuild the package)")
+    if not applies(a, packed, scales):
+        raise ValueError(
+            "operands: expected CUDA tensors on an sm_90 device with a and packed 16-byte aligned and scales 4-byte "
+            f"aligned, got device {a.device}, a at {a.data_ptr():#x}, packed at {packed.data_ptr():#x}, scales at "
+            f"{scales.data_ptr():#x}"
+        )
+    m, k = a.shape
+    g, n, _ = packed.shape
+    if m == 0 or n == 0 or g == 0:
+        return out
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        mod.fp4_w4a16_grouped(
+            *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
+            m, n, k, g, stream,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,356 @@
+"""Compiled CUDA W4A16 grouped GEMM (kernel 4: `csrc/cuda/dg_fp4_grouped.cuh`, `backends/cuda/cuda_fp4_grouped.py`).
+
+CPU: the kernel's own device code built with g++ against a CPU emulation of its PTX primitives (`fp4_emu/`: one
+std::thread per CUDA thread, block / warp barriers, mma.sync fragment exchange, cp.async landing at issue or at
+wait_group) vs the reference; the variant lists in sync; the config rule; the wrapper and the API without `_C`;
+an sm_90a nvcc compile check (registers, spills) when nvcc is present. `gpu`: every compiled variant vs the
+reference on ragged / empty / odd shapes and a V4 shape, bit-exact dequantisation, all-empty, CUDA-graph replay,
+the API's impl choice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import torch
+
+if not torch.cuda.is_available():  # before anything imports triton: the interpreter is chosen at @triton.jit time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from dg_testing import assert_gemm_close, calc_diff, fp4_weight64, gen  # noqa: E402
+
+from deepinfer.deep_gemm import api_w4a16  # noqa: E402
+from deepinfer.deep_gemm import reference_w4a16 as ref  # noqa: E402
+from deepinfer.deep_gemm.api_w4a16 import m_grouped_bf16_fp4_gemm_nt_contiguous as gemm  # noqa: E402
+from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu  # noqa: E402
+from deepinfer.deep_gemm.backends.cuda import w4a16_configs as cfgs  # noqa: E402
+
+E8M0 = torch.float8_e8m0fnu
+NAN = float("nan")
+_HERE = pathlib.Path(__file__).resolve().parent
+_CSRC = _HERE.parent / "csrc/cuda"
+_EMU = _HERE / "fp4_emu"
+ALL_CUDA = [cfgs.W4A16Config(t, w * r * 16, 256, w, s, kernel=4) for t, w, r, s in cfgs.CUDA_VARIANTS]
+
+
+def _cfg(tn: int, warps: int, rt: int, stages: int) -> cfgs.W4A16Config:
+    """The kernel-4 config of one compiled variant."""
+    return cfgs.W4A16Config(tn, warps * rt * 16, 256, warps, stages, kernel=4)
+
+
+def _operands(counts: list[int], n: int, k: int, g: torch.Generator, extra_rows: int = 3, sb=(118, 130)) -> tuple:
+    """a bf16 [m, k] (m = sum(counts) + extra_rows), packed uint8 [G, n, k/2], E8M0 bytes [G, n, k/32], offs."""
+    m = sum(counts) + extra_rows
+    a = torch.randn((m, k), generator=g).to(torch.bfloat16)
+    packed = torch.randint(0, 256, (len(counts), n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(sb[0], sb[1] + 1, (len(counts), n, k // 32), generator=g, dtype=torch.int32)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return a, packed, scales.to(torch.uint8), offs
+
+
+def _exact64(a, packed, scales, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 value and magnitude (|a| @ |W|^T) of the grouped rows (dg_testing's independent dequant)."""
+    w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
+    rows = sum(counts)
+    val = torch.zeros(rows, packed.shape[1], dtype=torch.float64)
+    mag = torch.zeros_like(val)
+    start = 0
+    for i, c in enumerate(counts):
+        x = a[start : start + c].double()
+        val[start : start + c] = x @ w64[i].T
+        mag[start : start + c] = x.abs() @ w64[i].abs().T
+        start += c
+    return val, mag
+
+
+def _one_hot_case(sb=(2, 252)) -> tuple:
+    """a = identity rows per group (out[start + j] = W_i[:, j]), scale bytes over `sb` (both ends present): the
+    output is the dequantised weight itself, exactly. Range [2, 252]: every product stays a normal number."""
+    k, n, g = 256, 64, 2
+    gen_ = gen(3)
+    packed = torch.randint(0, 256, (g, n, k // 2), generator=gen_, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(sb[0], sb[1] + 1, (g, n, k // 32), generator=gen_, dtype=torch.int32).to(torch.uint8)
+    scales[0, 0, :2] = torch.tensor(sb, dtype=torch.uint8)
+    scales[1, 5, 3:5] = torch.tensor([128, 129], dtype=torch.uint8)  # the two sides of the one-multiply limit
+    a = torch.eye(k, dtype=torch.bfloat16).repeat(g, 1)
+    offs = torch.tensor([k, 2 * k], dtype=torch.int32)
+    w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
+    return a, packed, scales, offs, torch.cat([w64[0].T, w64[1].T])
+
+
+# ---------------------------------------------------------------- CPU: the kernel's code in the emulation
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """g++ build of fp4_emu/emu_driver.cpp (+ the kernel header); skipped without a C++20 g++."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ (C++20 <barrier>)")
+    lib = tmp_path_factory.mktemp("fp4emu") / "emu.so"
+    cmd = [gxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas", f"-I{_EMU}",
+           f"-I{_CSRC}", str(_EMU / "emu_driver.cpp"), "-o", str(lib)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0 and "barrier" in res.stderr:
+        pytest.skip(f"g++ lacks C++20 <barrier>: {res.stderr[:300]}")
+    assert res.returncode == 0, res.stderr[:3000]
+    return ctypes.CDLL(str(lib))
+
+
+def _run_emu(lib: ctypes.CDLL, cfg: cfgs.W4A16Config, a, packed, scales, offs, out, late: bool) -> None:
+    m, k = a.shape
+    g, n, _ = packed.shape
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    rc = lib.emu_w4a16(*cfgs.cuda_variant(cfg), ptr(a), ptr(packed), ptr(scales), ptr(offs), ptr(out), m, n, k, g,
+                       int(late))  # fmt: skip
+    assert rc == 0, f"emulator has no variant {cfg.name}"
+
+
+# (config, cp.async landing, counts): token blocks (counts > tn), empty groups, n not a multiple of the CTA's rows
+# (48 or 160), k not a multiple of the 256-k stage (384)
+EMU_CASES = [
+    (_cfg(8, 4, 2, 4), False, [3, 0, 11, 5], 48, 384),
+    (_cfg(8, 4, 2, 4), True, [0, 9, 1, 0, 2], 160, 512),
+    (_cfg(8, 4, 1, 4), True, [4, 0, 7], 80, 256),
+    (_cfg(16, 4, 2, 4), False, [0, 17, 2], 48, 384),
+    (_cfg(16, 8, 1, 4), True, [5, 0, 17], 144, 256),
+    (_cfg(32, 8, 1, 3), True, [33, 0, 5], 48, 128),
+    (_cfg(64, 4, 2, 3), True, [0, 70, 1], 32, 256),
+]
+
+
+@pytest.mark.parametrize(("cfg", "late", "counts", "n", "k"), EMU_CASES, ids=lambda v: getattr(v, "name", None))
+def test_emu_vs_float64(emu, cfg, late: bool, counts: list[int], n: int, k: int) -> None:
+    a, packed, scales, offs = _operands(counts, n, k, gen(sum(counts) + n + k), sb=(100, 140))  # both multiply paths
+    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16)
+    _run_emu(emu, cfg, a, packed, scales, offs, out, late)
+    rows = sum(counts)
+    val, mag = _exact64(a, packed, scales, counts)
+    assert_gemm_close(out[:rows], val, mag, k)  # fp32 accumulation + one RTNE bf16 rounding
+    assert out[rows:].isnan().all(), "rows past offs[-1] must stay untouched"
+
+
+def test_emu_dequant_bit_exact(emu) -> None:
+    """One-hot rows pick single weights: the output is the dequantised weight, exactly, for scale bytes 2..252."""
+    a, packed, scales, offs, want = _one_hot_case()
+    out = torch.empty(a.shape[0], packed.shape[1], dtype=torch.bfloat16)
+    _run_emu(emu, ALL_CUDA[0], a, packed, scales, offs, out, late=True)
+    assert torch.equal(out.double(), want)
+
+
+def test_emu_all_empty(emu) -> None:
+    a, packed, scales, offs = _operands([0, 0, 0], 64, 256, gen(5), extra_rows=5)
+    out = torch.full((5, 64), NAN, dtype=torch.bfloat16)
+    _run_emu(emu, ALL_CUDA[0], a, packed, scales, offs, out, late=False)
+    assert out.isnan().all()
+
+
+# ---------------------------------------------------------------- CPU: lists, rule, wrapper and API without _C
+
+
+def test_variant_lists_in_sync() -> None:
+    """CUDA_VARIANTS == the .cu's kEntries == the emulator driver's cases (same order)."""
+    pat = r"DG_FP4_{}\((\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)"
+    cu_src = (_CSRC / "dg_fp4_grouped.cu").read_text()
+    drv = (_EMU / "emu_driver.cpp").read_text()
+    from_cu = [tuple(map(int, t)) for t in re.findall(pat.format("VARIANT"), cu_src)]
+    from_emu = [tuple(map(int, t)) for t in re.findall(pat.format("EMU_CASE"), drv)]
+    assert from_cu == list(cfgs.CUDA_VARIANTS) == from_emu
+
+
+def test_config_names_and_rule() -> None:
+    for cfg in ALL_CUDA:
+        assert cfgs.parse_config(cfg.name) == cfg and cfg.name in cfgs.CUDA_NAMES
+    with pytest.raises(ValueError, match="kernel 4"):
+        cfgs.W4A16Config(8, 64, 256, num_warps=2, num_stages=4, kernel=4)  # not compiled
+    with pytest.raises(ValueError, match=">= 16"):
+        cfgs.W4A16Config(8, 64, 128)  # 8-token blocks are the CUDA kernel's only
+    assert cfgs.cuda_config(2048, 256).block_m == 8  # 8 rows per group
+    assert cfgs.cuda_config(2048, 256, expected_m=9).block_m == 16
+    assert cfgs.cuda_config(256 * 16, 256).block_m == 16
+    assert cfgs.cuda_config(256 * (cfgs.CUDA_MAX_ROWS + 1), 256) is None  # above CUDA_MAX_ROWS: Triton
+
+
+def test_wrapper_without_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `_C` (CI, CPU builds): not available, never applies, an explicit call says why."""
+    monkeypatch.setattr(cu, "_module", lambda: None)
+    a, packed, scales, offs = _operands([2, 1], 32, 256, gen(1))
+    assert not cu.available() and cu.compiled_variants() == () and not cu.applies(a, packed, scales)
+    out = torch.empty(a.shape[0], 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DEEPINFER_DEVICE=cuda"):
+        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(a, packed, scales, offs, out, ALL_CUDA[0])
+
+
+@pytest.mark.parametrize("impl", ["auto", "cuda", "triton"])
+def test_api_impl_env_on_cpu_runs_reference(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(api_w4a16.IMPL_ENV, impl)
+    monkeypatch.delenv("DEEPINFER_DEEP_GEMM_BACKEND", raising=False)
+    a, packed, scales, offs = _operands([2, 0, 3], 32, 256, gen(5))
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.zeros(a.shape[0], 32).bfloat16())
+    assert torch.equal(gemm(a, (packed, scales), offs, torch.zeros(a.shape[0], 32, dtype=torch.bfloat16)), want)
+
+
+def test_api_bad_impl_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(api_w4a16.IMPL_ENV, "bogus")
+    a, packed, scales, offs = _operands([1], 32, 128, gen(2))
+    with pytest.raises(ValueError, match=api_w4a16.IMPL_ENV):
+        gemm(a, (packed, scales), offs)
+
+
+def test_api_kernel4_config_needs_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel-4 config on a fast path that is not CUDA (the interpreter) is an error, not a silent fallback."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    monkeypatch.setenv("DEEPINFER_DEEP_GEMM_BACKEND", "triton")
+    a, packed, scales, offs = _operands([1], 32, 128, gen(2))
+    with pytest.raises((RuntimeError, ValueError)):
+        gemm(a, (packed, scales), offs, config=ALL_CUDA[0])
+
+
+def test_sm90_compile() -> None:
+    """The first variant (every variant with DEEPINFER_DG_NVCC_ALL=1) compiles for sm_90a with nvcc 13 without
+    spills (skipped without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    every = os.environ.get("DEEPINFER_DG_NVCC_ALL") == "1"
+    cmd = [nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
+           str(_CSRC / "dg_fp4_grouped.cu"), "-o", os.devnull, *([] if every else ["-DDG_FP4_ONLY_FIRST"])]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    kernels = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
+    assert len(kernels) == (len(cfgs.CUDA_VARIANTS) if every else 1) and len(regs) == len(kernels), res.stderr[-2000:]
+    assert max(spills) == 0 and max(regs) <= 255, res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- GPU
+
+needs_kernel = pytest.mark.skipif(not cu.available(), reason="_C built without the FP4 CUDA kernel")
+
+
+def _gpu(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(t.cuda() for t in ts)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_variants() -> None:
+    """The built `_C` has exactly CUDA_VARIANTS (a stale build fails here first)."""
+    assert cu.available(), "deep_gemm._C lacks fp4_w4a16_grouped: rebuild with DEEPINFER_DEVICE=cuda"
+    assert cu.compiled_variants() == tuple(cfgs.CUDA_VARIANTS)
+
+
+GPU_CASES = {
+    "ragged": ([0, 3, 1, 0, 9, 2, 0, 8], 256, 512),  # empty experts, counts > 8 (two token blocks at tn 8)
+    "odd": ([5, 0, 17, 1], 48, 384),  # n < rows per CTA, k % 256 != 0, m not a multiple of 8
+    "tpe64": ([64, 0, 63, 65], 128, 1024),  # around tn 64
+}
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("cfg", ALL_CUDA, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", list(GPU_CASES), ids=str)
+def test_gpu_vs_float64(cfg: cfgs.W4A16Config, case: str) -> None:
+    counts, n, k = GPU_CASES[case]
+    a, packed, scales, offs = _operands(counts, n, k, gen(len(case) + n + k), sb=(100, 140))
+    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16, device="cuda")
+    got = gemm(*_gpu(a), _gpu(packed, scales), offs.cuda(), out, config=cfg)
+    torch.cuda.synchronize()
+    rows = sum(counts)
+    val, mag = _exact64(a, packed, scales, counts)
+    try:
+        assert_gemm_close(got[:rows].cpu(), val, mag, k)
+    except AssertionError as exc:
+        d = calc_diff(got[:rows].cpu(), val)
+        raise AssertionError(f"{cfg.name} {case}: calc_diff {d:.3e}; {exc}") from exc
+    assert got[rows:].isnan().all(), f"{cfg.name} {case}: rows past offs[-1] were written"
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("cfg", [_cfg(8, 4, 2, 4), _cfg(64, 4, 2, 3)], ids=lambda c: c.name)
+@pytest.mark.parametrize("nk", [(4096, 4096), (4096, 2048)], ids=["gate_up", "down"])
+def test_gpu_v4_shapes(cfg: cfgs.W4A16Config, nk: tuple[int, int]) -> None:
+    """V4 expert shapes, 8 experts, ragged decode counts: vs the reference on the GPU (fp32)."""
+    n, k = nk
+    counts = [8, 0, 3, 1, 8, 5, 0, 2] if cfg.block_m == 8 else [64, 0, 40, 64, 1, 0, 17, 64]
+    a, packed, scales, offs = _gpu(*_operands(counts, n, k, gen(n + k + cfg.block_m)))
+    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16, device="cuda")
+    gemm(a, (packed, scales), offs, out, config=cfg)
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
+    rows = sum(counts)
+    d = calc_diff(out[:rows], want[:rows])
+    assert d < 1e-5, f"{cfg.name} n={n} k={k}: calc_diff {d:.3e} vs the reference"
+    assert out[rows:].isnan().all()
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("cfg", [_cfg(8, 4, 2, 4), _cfg(16, 8, 1, 4), _cfg(64, 8, 1, 3)], ids=lambda c: c.name)
+def test_gpu_dequant_bit_exact(cfg: cfgs.W4A16Config) -> None:
+    a, packed, scales, offs, want = _one_hot_case()
+    out = gemm(*_gpu(a), _gpu(packed, scales), offs.cuda(), config=cfg)
+    diff = (out.double().cpu() - want).abs()
+    assert torch.equal(out.double().cpu(), want), f"{cfg.name}: {int((diff > 0).sum())} weights differ"
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_all_empty_and_rows_past_offs() -> None:
+    a, packed, scales, offs = _gpu(*_operands([0, 0, 0], 64, 256, gen(11), extra_rows=5))
+    out = torch.full((5, 64), NAN, dtype=torch.bfloat16, device="cuda")
+    gemm(a, (packed, scales), offs, out, config=ALL_CUDA[0])
+    assert out.isnan().all()
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_cuda_graph_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured once through the API (impl auto), replayed with new offs: no host read of offs."""
+    monkeypatch.setenv(api_w4a16.IMPL_ENV, "auto")
+    a, packed, scales, _ = _gpu(*_operands([4, 4, 4, 4], 256, 512, gen(23), extra_rows=0))
+    offs = torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="cuda")
+    out = torch.full((16, 256), NAN, dtype=torch.bfloat16, device="cuda")
+    gemm(a, (packed, scales), offs, out)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(a, (packed, scales), offs, out)
+    offs.copy_(torch.tensor([0, 1, 1, 9], dtype=torch.int32))  # groups 0 and 2 empty; rows 9.. untouched
+    out.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
+    assert calc_diff(out[:9], want[:9]) < 1e-5
+    assert out[9:].isnan().all()
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("impl", ["auto", "cuda"])
+def test_gpu_api_impl_choice(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto = the CUDA kernel's rule config (bit-identical to calling it), cuda = also above 64 rows per group
+    (64-token blocks); a misaligned `a` falls back to Triton and stays correct."""
+    monkeypatch.setenv(api_w4a16.IMPL_ENV, impl)
+    counts = [3, 0, 5, 2] if impl == "auto" else [130, 0, 70, 1]
+    a, packed, scales, offs = _gpu(*_operands(counts, 128, 512, gen(31)))
+    got = gemm(a, (packed, scales), offs)
+    rows = sum(counts)
+    if impl == "auto":
+        cfg = cfgs.cuda_config(a.shape[0], len(counts))
+        assert torch.equal(got[:rows], gemm(a, (packed, scales), offs, config=cfg)[:rows])
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(got))
+    assert calc_diff(got[:rows], want[:rows]) < 1e-5
+    flat = torch.empty(a.numel() + 1, dtype=torch.bfloat16, device="cuda")
+    flat[1:] = a.flatten()
+    a_odd = flat[1:].view(a.shape)
+    assert not cu.applies(a_odd, packed, scales)
+    got_odd = gemm(a_odd, (packed, scales), offs)
+    assert calc_diff(got_odd[:rows], want[:rows]) < 1e-5

@@ -1,0 +1,322 @@
+"""Warp-specialised CUDA C++ (sm_90a) sparse sink attention: `csrc/cuda/fm_ws_decode.cu`, `_C.sparse_decode_ws`.
+
+Same math, arguments, results and split-KV format as `cuda_sparse_decode.py` (the serial kernel, today's default);
+the kernel differs inside a CTA (design notes at the top of the .cu file): a producer warpgroup gathers 32-row
+tiles into a 4-stage shared-memory ring (FP8 rows dequantised to bf16 by the producer), two consumer warpgroups run
+only wgmma and the softmax, scores split over d, P in registers, P @ V of tile i overlapping the scores and softmax of
+tile i + 1. Not the default: `sparse_attn_ws` is called directly (the benchmark's `cuda_ws` / `cuda_ws_fp8` rows);
+the package README says how the API would route to it.
+
+Variants (`variant=`, same source, template flags): "ws" the first version; "ws2" the producer signals a BF16 tile
+with cp.async.mbarrier.arrive when its rows land (ws signals tile j only after the consumers released tile j - 2: a
+producer round trip on the critical path of every tile) and FP8 rows bring their scale words in the same loads (one
+memory round trip per tile instead of two). `ablation=` (timing only, WRONG results): "producer" (consumers only
+hand tiles back: the gather / dequant rate), "consumer" (no gather after tile 0: the compute rate), "no_xchg" (no
+partial-S exchange), "qk_only" / "pv_only" (only the score / only the P @ V wgmma), "no_softmax" (S packed to bf16
+as P: no max / exp / row sums).
+
+Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
+the kernel in 32-row tiles; the partials are merged by `combine_splits` (triton_split_attn's Triton combine).
+The launcher reads shapes, strides and pointers only (no host sync): CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+
+import torch
+
+from ..._backend import compiled_module
+from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms, plan_num_splits
+
+__all__ = [
+    "ABLATIONS",
+    "VARIANTS",
+    "available",
+    "probe",
+    "probe_ablations",
+    "run_ablations",
+    "self_check",
+    "sparse_attn_ws",
+    "split_plan",
+    "supports",
+]
+
+BLOCK_H, HEAD_DIM = 64, 512
+PLAN_ROWS = 64  # rows per tile of the split plan (the serial kernel's tile)
+KERNEL_ROWS = 32  # rows per tile of this kernel (fm_ws_decode.cu kBN; checked against _C.ws_block_rows())
+VARIANTS = {"ws": 1, "ws2": 2}  # name -> the binding's variant code (fm_ws_launch)
+# name -> the kernel's Mode (fm_ws_decode.cu); every mode but "full" is for timing only (wrong numbers)
+ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
+
+
+@functools.cache
+def _module() -> types.ModuleType | None:
+    """`deepinfer.flash_mla._C` when it has the warp-specialised kernel, else None (not built / CPU build)."""
+    mod = compiled_module()
+    return mod if mod is not None and hasattr(mod, "sparse_decode_ws") else None
+
+
+def available() -> bool:
+    """True when `_C` was built with fm_ws_decode.cu (a DEEPINFER_DEVICE=cuda build of this source)."""
+    return _module() is not None
+
+
+def supports(q: torch.Tensor, kv: torch.Tensor) -> str | None:
+    """None when `sparse_attn_ws` takes this call (shapes / dtypes / device only), else why not."""
+    if not available():
+        return "deepinfer.flash_mla._C is not built with sparse_decode_ws (DEEPINFER_DEVICE=cuda)"
+    if q.device.type != "cuda":
+        return f"q is on {q.device}, not a CUDA device"
+    if q.dim() != 3 or q.dtype != torch.bfloat16 or q.shape[-1] != HEAD_DIM or q.shape[1] % BLOCK_H:
+        return f"q: expected bf16 [t, 64 * n, {HEAD_DIM}], got {q.dtype} {tuple(q.shape)}"
+    if kv.dtype == torch.uint8:
+        return None if kv.shape[-1] == FP8_ROW_BYTES else f"kv: expected uint8 [..., {FP8_ROW_BYTES}]"
+    if kv.dtype != torch.bfloat16 or kv.shape[-1] != HEAD_DIM:
+        return f"kv: expected bf16 [..., {HEAD_DIM}] or uint8 [..., {FP8_ROW_BYTES}], got {kv.dtype} {tuple(kv.shape)}"
+    return None
+
+
+def split_plan(t: int, h: int, topk: int, num_sms: int, num_splits: int | None) -> tuple[int, int]:
+    """(num_splits, tiles_per_split in KERNEL_ROWS-row tiles) for t tokens x h heads x topk indices.
+
+    num_splits None: `plan_num_splits` over 64-row tiles (the serial kernel's plan); else the given count clamped to
+    [1, 32-row tiles]. Recomputed so that no split is empty (topk = 0: one split of no tiles)."""
+    tiles = -(-topk // KERNEL_ROWS)
+    if tiles == 0:
+        return 1, 0
+    if num_splits is None:
+        tiles64 = -(-topk // PLAN_ROWS)
+        splits = plan_num_splits(t, h // BLOCK_H, tiles64, num_sms)
+        per = -(-tiles64 // splits) * (PLAN_ROWS // KERNEL_ROWS)
+    else:
+        splits = max(1, min(int(num_splits), tiles))
+        per = -(-tiles // splits)
+    return -(-tiles // per), per
+
+
+def _aligned(t: torch.Tensor, strides: tuple[int, ...], align: int = 16) -> bool:
+    """Base address `align`-byte aligned and every given stride (elements) a multiple of `align` bytes."""
+    es = t.element_size()
+    return t.data_ptr() % align == 0 and all((s * es) % align == 0 for s in strides)
+
+
+def _cache_rows(kv: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """[slots, width] rows the kernel reads: BF16 rows 16-byte aligned (cp.async), FP8 contiguous 8-byte aligned."""
+    fp8 = kv.dtype == torch.uint8
+    flat = kv.reshape(-1, kv.shape[-1])
+    if fp8:
+        if not flat.is_contiguous() or flat.data_ptr() % 8:
+            flat = flat.contiguous()
+    elif flat.stride(-1) != 1 or not _aligned(flat, (flat.stride(0),)):
+        flat = flat.contiguous()
+    return flat, fp8
+
+
+def _check_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor | None) -> None:
+    why = supports(q, kv)
+    if why is not None:
+        raise ValueError(f"sparse_attn_ws: {why}")
+    t, h, _ = q.shape
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != t:
+        raise ValueError(f"indices: expected int32 [{t}, topk], got {indices.dtype} {tuple(indices.shape)}")
+    if indices.device != q.device or kv.device != q.device:
+        raise ValueError(f"indices / kv: expected on {q.device}, got {indices.device} / {kv.device}")
+    if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
+        raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
+
+
+def sparse_attn_ws(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sink: torch.Tensor | None,
+    softmax_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    variant: str = "ws",
+    ablation: str = "full",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse sink attention on the warp-specialised sm_90a kernel; returns (out [t, h, 512] bf16, lse fp32 [t, h]).
+
+    Args:
+        q: bf16 [t, h, 512], h a multiple of 64 (V4: 64).
+        kv: bf16 [n, 512] / [blocks, bs, 512], or uint8 FP8 rows [..., 584]; slots addressed flat.
+        indices: int32 [t, topk]; -1 or any value outside [0, slots) is a hole (never read).
+        sink: fp32 [h] or None. softmax_scale: logit scale.
+        out, lse_out: optional output buffers ([t, h, 512] bf16 / [t, h] fp32; copied when their strides do not suit
+            the kernel).
+        num_splits: splits per token (None: `split_plan`, the serial kernel's plan).
+        variant: "ws" or "ws2" (module docstring). ablation: "full" (the kernel) or a timing-only mode of `ABLATIONS`
+            whose results are wrong.
+    Raises ValueError (with the reason) for a call the kernel cannot take.
+    """
+    if variant not in VARIANTS or ablation not in ABLATIONS:
+        raise ValueError(
+            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {sorted(ABLATIONS)}, "
+            f"got {variant!r} / {ablation!r}"
+        )
+    _check_args(q, kv, indices, sink)
+    t, h, d = q.shape
+    if out is None:
+        out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+    elif tuple(out.shape) != (t, h, d) or out.dtype != q.dtype:
+        raise ValueError(f"out: expected {q.dtype} {(t, h, d)}, got {out.dtype} {tuple(out.shape)}")
+    if lse_out is None:
+        lse_out = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    elif tuple(lse_out.shape) != (t, h) or lse_out.dtype != torch.float32:
+        raise ValueError(f"lse_out: expected float32 {(t, h)}, got {lse_out.dtype} {tuple(lse_out.shape)}")
+    if t == 0:
+        return out, lse_out
+    mod = _module()
+    if mod.ws_block_rows() != KERNEL_ROWS:
+        raise RuntimeError(f"_C.ws_block_rows() is {mod.ws_block_rows()}, this wrapper plans {KERNEL_ROWS}-row tiles")
+    kv_f, fp8 = _cache_rows(kv)
+    q_c = q if q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1))) else q.contiguous()
+    idx = indices if indices.stride(-1) == 1 or indices.shape[1] <= 1 else indices.contiguous()
+    o_ok = out.stride(-1) == 1 and _aligned(out, (out.stride(0), out.stride(1)), 4)
+    o_dst = out if o_ok else torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+    sink_c = sink.contiguous() if sink is not None else None
+    splits, per = split_plan(t, h, idx.shape[1], device_sms(q.device), num_splits)
+    part_o = part_lse = None
+    if splits > 1:
+        part_o = torch.empty(t * splits * h, d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(t * splits * h, dtype=torch.float32, device=q.device)
+    mod.sparse_decode_ws(
+        q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_c.data_ptr() if sink_c is not None else 0,
+        o_dst.data_ptr(), lse_out.data_ptr(), part_o.data_ptr() if part_o is not None else 0,
+        part_lse.data_ptr() if part_lse is not None else 0,
+        t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
+        idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0), o_dst.stride(0), o_dst.stride(1),
+        lse_out.stride(0), lse_out.stride(1), fp8, VARIANTS[variant], ABLATIONS[ablation],
+        torch.cuda.current_stream(q.device).cuda_stream,
+    )  # fmt: skip
+    if part_o is not None and part_lse is not None:
+        combine_splits(part_o, part_lse, sink_c, o_dst, lse_out, splits, bf16_rne=False)
+    if o_dst is not out:
+        out.copy_(o_dst)
+    return out, lse_out
+
+
+# ------------------------------------------------------------------------------------- out-of-process probe
+
+
+def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
+    """Run the kernel on small V4 cases against the reference: BF16 / FP8 caches, auto and forced splits (1, 7),
+    topk 640 and 600 (not a multiple of 32), holes, out-of-range indices, a token without any valid index, NaN in
+    unused cache slots, NaN-poisoned outputs. Returns "" when all agree within a loose bound (layout / protocol bugs,
+    not last-bit errors: the tests do that), else what went wrong. device "cpu": only to test this function with a
+    stand-in kernel. Meant to run in a child process (`probe`): a kernel that faults or hangs cannot then take the
+    caller's CUDA context down. variant: which kernel variant (`VARIANTS`)."""
+    from ... import reference
+    from ...kv_format import pack_fp8_kv_ref
+
+    g = torch.Generator().manual_seed(seed)
+    t, n = 4, 2048
+    q = torch.randn(t, BLOCK_H, HEAD_DIM, generator=g).bfloat16().to(device)
+    cache = torch.randn(n, HEAD_DIM, generator=g).bfloat16()
+    sink = torch.randn(BLOCK_H, generator=g).to(device)
+    fails = []
+    for topk in (640, 600):
+        idx = torch.rand(t, n - 64, generator=g).topk(topk, dim=-1).indices.to(torch.int32)
+        idx[torch.rand(t, topk, generator=g) < 0.05] = -1
+        idx[1] = -1
+        idx[2, topk - 40 :] = n + 5  # out of range: holes too
+        used = torch.zeros(n, dtype=torch.bool)
+        used[idx[(idx >= 0) & (idx < n)].long()] = True
+        for fp8 in (False, True):
+            kv = pack_fp8_kv_ref(cache) if fp8 else cache.clone()
+            kv[~used] = 0xFF if fp8 else float("nan")  # NaN data (and NaN scales) wherever no index points
+            kv, ic = kv.to(device), idx.to(device)
+            ro, rl = reference.sparse_attn(q, kv, ic, sink, HEAD_DIM**-0.5)
+            for splits in (None, 1, 7):
+                out = torch.full_like(q, float("nan"))
+                lse = torch.full((t, BLOCK_H), float("nan"), device=device)
+                sparse_attn_ws(
+                    q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits, variant=variant
+                )
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                err = (out.float() - ro).abs()
+                bound = 0.02 * float(ro.abs().max()) + 1e-3
+                lerr = float((lse - rl).abs().max())
+                finite = bool(torch.isfinite(out).all())
+                if not finite or float(err.max()) > bound or not lerr <= 1e-2:
+                    where = tuple(int(i) for i in torch.unravel_index(err.nan_to_num(1e9).argmax(), err.shape))
+                    fails.append(
+                        f"topk={topk} fp8={fp8} splits={splits}: max |out - ref| {float(err.max()):.3e} (bound "
+                        f"{bound:.3e}) at {where}, max |lse - ref| {lerr:.3e}, finite out {finite}"
+                    )
+    return "; ".join(fails)
+
+
+def run_ablations(seed: int = 0, device: str = "cuda") -> str:
+    """Every timing-only ablation of every variant once (BF16 / FP8 cache, 4 tokens x 640 indices with holes, auto
+    plan (split) and one split), synchronised: "" when all finish, else the first error. Numbers are not checked
+    (wrong by design). Meant for a child process (`probe_ablations`): a hang is what this looks for."""
+    from ...kv_format import pack_fp8_kv_ref
+
+    g = torch.Generator().manual_seed(seed)
+    t, n, topk = 4, 2048, 640
+    q = torch.randn(t, BLOCK_H, HEAD_DIM, generator=g).bfloat16().to(device)
+    cache = torch.randn(n, HEAD_DIM, generator=g).bfloat16()
+    idx = torch.rand(t, n, generator=g).topk(topk, dim=-1).indices.to(torch.int32)
+    idx[torch.rand(t, topk, generator=g) < 0.05] = -1
+    idx = idx.to(device)
+    sink = torch.randn(BLOCK_H, generator=g).to(device)
+    for kv in (cache.to(device), pack_fp8_kv_ref(cache).to(device)):
+        for variant in VARIANTS:
+            for ablation in ABLATIONS:
+                for splits in (None, 1):
+                    try:
+                        sparse_attn_ws(q, kv, idx, sink, HEAD_DIM**-0.5, num_splits=splits, variant=variant,
+                                       ablation=ablation)  # fmt: skip
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 - reported to the parent process
+                        return f"{variant} {ablation} {kv.dtype} splits={splits}: {type(e).__name__}: {e}"
+    return ""
+
+
+def probe_ablations(timeout_s: float = 120.0) -> tuple[bool, str]:
+    """`run_ablations` in a child process: (finished cleanly, its output); a fault or a hang gives False. Cached."""
+    return _probe_cached(float(timeout_s), "ablations")
+
+
+def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
+    """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
+    or a hang (killed after timeout_s) gives False; cached per process and variant."""
+    if variant not in VARIANTS:
+        raise ValueError(f"probe: variant: expected one of {sorted(VARIANTS)}, got {variant!r}")
+    return _probe_cached(float(timeout_s), variant)
+
+
+@functools.cache
+def _probe_cached(timeout_s: float, variant: str) -> tuple[bool, str]:
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+    env.pop("TRITON_INTERPRET", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, variant], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"the warp-specialised kernel ({variant}) probe did not finish in {timeout_s:.0f} s (hang?)"
+    out = (proc.stdout + proc.stderr)[-3000:]
+    return proc.returncode == 0 and "PROBE OK" in proc.stdout, out
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available() or not available():
+        print("PROBE FAIL: no CUDA device or no _C.sparse_decode_ws")
+        sys.exit(1)
+    arg = sys.argv[1] if len(sys.argv) > 1 else "ws"
+    why = run_ablations() if arg == "ablations" else self_check(variant=arg)
+    print("PROBE OK" if not why else f"PROBE FAIL: {why}", flush=True)
+    sys.exit(0 if not why else 1)

@@ -1,0 +1,373 @@
+"""The warp-specialised sm_90a kernel (`csrc/cuda/fm_ws_decode.cu`, `backends/cuda/cuda_ws_decode.py`).
+
+CPU: the source compiles for sm_90a without spills and without serialised wgmma (when nvcc is on PATH), the split plan,
+clean errors without `_C` / a GPU, the probe's own check logic with stand-in kernels.
+GPU: against `flash_mla.reference` (and the float64 oracle where the cache is small) on V4-Flash shapes and odd ones:
+random index lists with holes of every kind and ragged valid counts, s_q 1..4, BF16 and FP8 caches (FP8 against the
+dequantised reference), NaN in unused cache slots, NaN-poisoned outputs, large / small / no sinks, b = 1..256,
+topk not a multiple of 32 or 64, forced split counts, CUDA-graph replay. Tolerances: the oracle's fp32 bound plus the
+bf16 rounding of P before P @ V (as in test_mla_cuda.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import zlib
+
+import pytest
+import torch
+
+_CUDA = torch.cuda.is_available()
+if not _CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the @triton.jit decorators run
+pytest.importorskip("triton")
+
+from mla_checks import dense_oracle, poison_unused, ragged_indices  # noqa: E402
+from test_mla_split import _check, _fp8  # noqa: E402
+from test_mla_triton import _assert_close_to, _holes, _sink, _v4_inputs, _weight_abs  # noqa: E402
+
+from deepinfer.flash_mla import reference  # noqa: E402
+
+_WS = importlib.import_module("deepinfer.flash_mla.backends.cuda.cuda_ws_decode")
+_K = importlib.import_module("deepinfer.flash_mla.backends.cuda.triton_split_attn")
+_SRC = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+SCALE = 512**-0.5
+U32 = 2.0**-24
+gpu = pytest.mark.skipif(not _CUDA, reason="needs a CUDA GPU")
+needs_ws = pytest.mark.skipif(not _WS.available(), reason="_C without sparse_decode_ws (test_ws_extension_built_gpu)")
+VARIANTS = list(_WS.VARIANTS)  # every kernel variant runs every GPU test against the reference
+
+
+def _probed(variant: str) -> None:
+    """Skip an in-process kernel test when the variant's out-of-process probe failed (test_ws_probe_gpu reports it):
+    a kernel that faults or hangs would otherwise take every later GPU test of this process with it."""
+    ok, out = _WS.probe(variant=variant)
+    if not ok:
+        pytest.skip(f"warp-specialised kernel {variant} probe failed (see test_ws_probe_gpu): {out[-300:]}")
+
+
+# ------------------------------------------------------------------------------------------------------ CPU
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_ws_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
+    """All 28 instances (BF16 / FP8 cache x ws / ws2 x 7 modes: the kernel + 6 timing ablations) assemble for sm_90a:
+    no stack, no spills (setmaxnreg regions included), and ptxas does not serialise the wgmma pipeline (which would
+    undo the overlap the kernel is built for)."""
+    proc = subprocess.run(
+        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
+         str(_SRC / "fm_ws_decode.cu"), "-o", str(tmp_path / "ws.o")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
+    print(out)
+    assert len(props) == 28 and len(regs) == 28, out[-2000:]
+    assert all(p == ("0", "0", "0") for p in props), props
+    assert all(r <= 168 for r in regs), regs  # 384 threads x 168 = the setmaxnreg budget (72 + 2 x 216 per lane)
+    assert "serialized" not in out, "ptxas serialised the wgmma instructions"
+    assert "C7508" not in out, "ptxas ignored setmaxnreg"
+
+
+def test_ws_split_plan() -> None:
+    """Auto: the serial kernel's 64-row plan in 32-row tiles (same splits); forced counts clamp to the 32-row tiles;
+    no split is ever empty; topk = 0 is one split of nothing."""
+    assert _WS.split_plan(1, 64, 640, 132, None) == (5, 4)  # plan_num_splits: 5 splits of 2 x 64 rows
+    assert _WS.split_plan(256, 64, 640, 132, None) == (1, 20)
+    assert _WS.split_plan(1, 64, 0, 132, None) == (1, 0)
+    assert _WS.split_plan(1, 64, 640, 132, 7) == (7, 3)
+    assert _WS.split_plan(1, 64, 33, 132, 50) == (2, 1)
+    for topk in (1, 31, 32, 33, 63, 64, 65, 600, 640, 8320):
+        for t in (1, 2, 4, 64, 300):
+            for forced in (None, 1, 3, 1000):
+                splits, per = _WS.split_plan(t, 64, topk, 132, forced)
+                tiles = -(-topk // 32)
+                assert per >= 1 and (splits - 1) * per < tiles <= splits * per, (topk, t, forced, splits, per)
+                if forced is None:
+                    assert splits == _K.plan_num_splits(t, 1, -(-topk // 64), 132), (topk, t)
+
+
+def test_ws_clean_errors_without_kernel() -> None:
+    """Without _C (or a GPU) `supports` names the reason and `sparse_attn_ws` raises ValueError with it."""
+    q = torch.randn(2, 64, 512).bfloat16()
+    kv = torch.randn(100, 512).bfloat16()
+    why = _WS.supports(q, kv)
+    assert why is not None and ("_C" in why or "CUDA" in why), why
+    with pytest.raises(ValueError, match="sparse_attn_ws"):
+        _WS.sparse_attn_ws(q, kv, torch.zeros(2, 8, dtype=torch.int32), None, SCALE)
+    if _WS.available():  # a CUDA build on a GPU-less machine still checks shapes
+        assert "CUDA" in _WS.supports(q, kv)
+
+
+def test_ws_variant_and_ablation_names_checked() -> None:
+    """An unknown variant or ablation is a ValueError naming the choices (before any device check); the benchmark's
+    rows and the binding's codes come from these two tables."""
+    q = torch.randn(2, 64, 512).bfloat16()
+    kv = torch.randn(100, 512).bfloat16()
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="'ws3'"):
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3")
+    with pytest.raises(ValueError, match="'qk'"):
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, ablation="qk")
+    assert _WS.VARIANTS == {"ws": 1, "ws2": 2}
+    assert sorted(_WS.ABLATIONS.values()) == list(range(7)) and _WS.ABLATIONS["full"] == 0
+
+
+def test_ws_self_check_logic_with_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's check passes correct results (a stand-in: the reference) and reports a wrong one (heads rolled, as
+    a layout bug would) with its case and no other (one self_check run: the reference is the slow part on CPU)."""
+    memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def stand_in(q, kv, idx, sink, scale, *, out, lse_out, num_splits=None, variant="ws"):  # noqa: ANN001, ANN202
+        key = (kv.dtype, idx.shape[1])
+        if key not in memo:
+            memo[key] = reference.sparse_attn(q, kv, idx, sink, scale)
+        out.copy_(memo[key][0])
+        lse_out.copy_(memo[key][1])
+        if num_splits == 7 and key == (torch.bfloat16, 600):
+            out.copy_(out.roll(1, dims=1))
+
+    monkeypatch.setattr(_WS, "sparse_attn_ws", stand_in)
+    why = _WS.self_check(device="cpu", variant="ws2")
+    assert why.startswith("topk=600 fp8=False splits=7: max |out - ref|") and ";" not in why, why
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+
+
+@gpu
+@pytest.mark.gpu
+def test_ws_extension_built_gpu() -> None:
+    """The GPU install (DEEPINFER_DEVICE=cuda) built _C with sparse_decode_ws; its shared memory fits one CTA per SM."""
+    from deepinfer.flash_mla import _backend
+
+    assert _WS.available(), f"_C.sparse_decode_ws missing: {_backend._compiled_error()} / {_backend.build_info()}"
+    mod = _WS._module()
+    print("ws smem bytes", mod.ws_smem_bytes(False), mod.ws_smem_bytes(True), "block rows", mod.ws_block_rows())
+    assert max(mod.ws_smem_bytes(False), mod.ws_smem_bytes(True)) <= 227 * 1024
+    assert mod.ws_block_rows() == _WS.KERNEL_ROWS
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_ws_probe_gpu(variant: str) -> None:
+    """Small V4 cases in a child process (BF16 / FP8, topk 640 / 600, auto / 1 / 7 splits): no fault, no hang, close to
+    the reference. Its output says what failed; the variant's other kernel tests skip when it fails."""
+    ok, out = _WS.probe(variant=variant)
+    print(out)
+    assert ok, out
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+def test_ws_ablations_run_gpu() -> None:
+    """Every timing-only ablation of both variants (both caches, split and unsplit plans) finishes in a child process:
+    no fault, no hang (the benchmark times them). Their numbers are wrong by design and not checked."""
+    ok, out = _WS.probe_ablations()
+    print(out)
+    assert ok, out
+
+
+def _ws_call(q, cache, idx, sink, fp8: bool, variant: str, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel into NaN-poisoned buffers on the GPU (every element must be written); inputs on the CPU."""
+    used = (_fp8(cache) if fp8 else cache).cuda()
+    t, h, d = q.shape
+    out = torch.full((t, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((t, h), float("nan"), device="cuda")
+    sd = sink.cuda() if sink is not None else None
+    o, s = _WS.sparse_attn_ws(q.cuda(), used, idx.cuda(), sd, SCALE, out=out, lse_out=lse, variant=variant, **kw)
+    assert o is out and s is lse
+    torch.cuda.synchronize()
+    return o, s
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("t", [1, 4, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("sink_mode", ["random", "large", "small", "none"])
+def test_ws_v4_shapes_gpu(t: int, fp8: bool, sink_mode: str, variant: str) -> None:
+    """640 indices in one list over a paged cache with NaN in unused slots, ragged holes (token 1 has none valid),
+    auto split plan (t = 1 / 4: 5 splits, t = 64: 2 splits): reference and float64 oracle."""
+    _probed(variant)
+    q, caches, lists, sink = _v4_inputs(False, sink_mode, zlib.crc32(f"ws{t}{fp8}{sink_mode}".encode()))
+    q, lists = q[:t], [i[:t] for i in lists]
+    got = _ws_call(q, caches[0], lists[0], sink, fp8, variant)
+    _check(got, q, caches[:1], lists[:1], sink, SCALE, (fp8,), gpu_p=True)
+    if t > 1:  # token 1: no valid index -> zeros and lse = sink (-inf without one), exactly
+        assert bool((got[0][1] == 0).all()), f"token 1 max |out| {float(got[0][1].abs().max())}"
+        if sink is not None:
+            assert torch.equal(got[1][1].cpu(), sink), (got[1][1][:4], sink[:4])
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("splits", [1, 3, 7, 20])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ws_split_counts_gpu(splits: int, fp8: bool, variant: str) -> None:
+    """Forced split counts over 20 tiles of 32 rows: 1 (out / lse by the kernel), 3 (7 + 7 + 6), 7 (uneven), 20 (one
+    tile each: the ring never fills)."""
+    _probed(variant)
+    q, caches, lists, sink = _v4_inputs(False, "random", 901 + splits + 7 * fp8)
+    q, lists = q[:8], [i[:8] for i in lists]
+    got = _ws_call(q, caches[0], lists[0], sink, fp8, variant, num_splits=splits)
+    _check(got, q, caches[:1], lists[:1], sink, SCALE, (fp8,), gpu_p=True)
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("topk", [1, 31, 33, 100, 600, 1000])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ws_odd_topk_gpu(topk: int, fp8: bool, variant: str) -> None:
+    """topk not a multiple of 32 / 64 (a partial last tile), ragged valid counts including 0, 1 and all, holes of every
+    kind (-1, negative, one past the end, INT32_MAX), s_q = 3 tokens per request of b = 3, a small sink."""
+    _probed(variant)
+    g = torch.Generator().manual_seed(topk * 2 + fp8)
+    t, n = 9, topk + 200
+    q = (3 * torch.randn(t, 64, 512, generator=g)).bfloat16()
+    counts = [topk, 0, 1, *torch.randint(0, topk + 1, (t - 3,), generator=g).tolist()]
+    idx = _holes(ragged_indices(t, topk, torch.arange(n - 4), g, counts), n, g)
+    cache = poison_unused(torch.randn(n, 512, generator=g).bfloat16(), [idx])
+    sink = _sink("small", 64, g)
+    got = _ws_call(q, cache, idx, sink, fp8, variant)
+    _check(got, q, [cache], [idx], sink, SCALE, (fp8,), gpu_p=True)
+
+
+def _gather_bounds(q, dense, idx, sink, ref_out) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out_tol [t, h, 1], lse_tol [t, h]) against the fp32 reference without a dense oracle over a large cache: twice
+    the oracle's fp32 bound (from the gathered rows: logit error Ez, weights), the bf16 rounding of P (2^-9 relative per
+    weight) and of both outputs (2^-9 |out| each)."""
+    d = q.shape[-1]
+    rows, valid = reference.gather_kv(dense.reshape(-1, d), idx)  # fp32, zero at holes
+    dots = torch.einsum("thd,tkd->thk", q.double().abs(), rows.double().abs()).masked_fill(~valid[:, None, :], 0.0)
+    ez = (d + 2) * U32 * SCALE * dots.amax(-1, keepdim=True)
+    w = _weight_abs(q, [dense], [idx], sink, SCALE)
+    k = idx.shape[1]
+    out_tol = 2 * ((4 * ez + (k + 8) * U32) * w) + 2 * 2.0**-9 * w + 2 * 2.0**-9 * ref_out.double().abs().amax(-1, True)
+    lse_tol = 2 * (2 * ez[..., 0] + (k + 8) * U32) + 1e-6
+    return out_tol, lse_tol
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("b,s_q", [(1, 1), (1, 4), (2, 2), (3, 3), (64, 2), (128, 2), (256, 1), (256, 2)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ws_batch_sizes_gpu(b: int, s_q: int, fp8: bool, variant: str) -> None:
+    """Decode batches b = 1..256 x s_q (split and unsplit plans, up to four waves of CTAs): 128 window rows + 512 random
+    rows of each request's 2,048-row region of one cache (~3 % holes, NaN in every unused slot); against the reference
+    and the serial CUDA kernel (when built). Built and checked on the GPU (the cache has up to 512K rows)."""
+    _probed(variant)
+    g = torch.Generator(device="cuda").manual_seed(1000 * b + s_q + 7 * fp8)
+    region, t = 2048, b * s_q
+    base = (torch.arange(b, device="cuda") * region).repeat_interleave(s_q)[:, None]
+    comp = torch.rand(t, region - 128, generator=g, device="cuda").topk(512, dim=-1).indices + 128
+    idx = torch.cat([torch.arange(128, device="cuda").expand(t, 128), comp], 1) + base
+    idx = idx.gather(1, torch.rand(t, 640, generator=g, device="cuda").argsort(1)).to(torch.int32)
+    idx = torch.where(torch.rand(t, 640, generator=g, device="cuda") < 0.03, torch.full_like(idx, -1), idx)
+    cache = torch.randn(b * region, 512, generator=g, device="cuda").bfloat16()
+    named = torch.zeros(cache.shape[0], dtype=torch.bool, device="cuda")
+    named[idx[idx >= 0].long()] = True
+    cache[~named] = float("nan")
+    q = torch.randn(t, 64, 512, generator=g, device="cuda").bfloat16()
+    sink = torch.randn(64, generator=g, device="cuda")
+    used = _fp8(cache) if fp8 else cache
+    out = torch.full((t, 64, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((t, 64), float("nan"), device="cuda")
+    _WS.sparse_attn_ws(q, used, idx, sink, SCALE, out=out, lse_out=lse, variant=variant)
+    ref = reference.sparse_attn(q, used, idx, sink, SCALE)
+    dense = reference.unpack_fp8_kv_ref(used, torch.float32) if fp8 else cache
+    out_tol, lse_tol = _gather_bounds(q, dense, idx, sink, ref[0])
+    got_c, ref_c = (out.cpu(), lse.cpu()), (ref[0].cpu(), ref[1].cpu())
+    _assert_close_to(got_c, ref_c, out_tol.cpu(), lse_tol.cpu())
+    from deepinfer.flash_mla.backends.cuda import cuda_sparse_decode as cu
+
+    if cu.available():  # the serial kernel: same bf16 P rounding, so within the same bound
+        ser = _K.sparse_attn_split_triton(q, used, idx, sink, SCALE, kernel="cuda")
+        _assert_close_to(got_c, (ser[0].cpu(), ser[1].cpu()), out_tol.cpu(), lse_tol.cpu())
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_ws_prefill_and_strided_gpu(variant: str) -> None:
+    """Prefill-sized grid (1,024 tokens, one split each) with q / out / lse as strided views of larger buffers: every
+    element written, nothing outside touched, same values as the reference within the bound."""
+    _probed(variant)
+    q, caches, lists, sink = _v4_inputs(False, "random", 4242)
+    rep = 16
+    q = q.repeat(rep, 1, 1)
+    idx = lists[0].repeat(rep, 1)
+    t = q.shape[0]
+    qd = torch.zeros(t, 64, 520, dtype=torch.bfloat16, device="cuda")
+    qd[..., :512] = q.cuda()
+    ob = torch.full((t, 64, 520), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lb = torch.full((t, 64, 2), float("nan"), device="cuda")
+    o, lse = _WS.sparse_attn_ws(
+        qd[..., :512],
+        caches[0].cuda(),
+        idx.cuda(),
+        sink.cuda(),
+        SCALE,
+        out=ob[..., :512],
+        lse_out=lb[..., 0],
+        variant=variant,
+    )
+    torch.cuda.synchronize()
+    assert o.data_ptr() == ob.data_ptr()
+    assert bool(torch.isnan(ob[..., 512:].float()).all()) and bool(torch.isnan(lb[..., 1]).all())
+    want = dense_oracle(q[:64], caches[:1], [idx[:64]], sink, SCALE, torch.bfloat16)
+    bf16_p = 2 * 2.0**-9 * _weight_abs(q[:64], caches[:1], [idx[:64]], sink, SCALE)
+    for r in range(rep):  # every repeat of the 64 tokens gives the same answer
+        sl = slice(64 * r, 64 * (r + 1))
+        _assert_close_to((o[sl].cpu(), lse[sl].cpu()), (want[0], want[1]), want[2] + bf16_p, want[3])
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ws_graph_replay_gpu(fp8: bool, variant: str) -> None:
+    """Captured once (b = 2, s_q = 2: split path + combine), replayed on new q / indices in the same buffers."""
+    _probed(variant)
+    q, caches, lists, sink = _v4_inputs(False, "random", 707 + fp8)
+    used = (_fp8(caches[0]) if fp8 else caches[0]).cuda()
+    qd, ld, sd = q[:4].cuda(), lists[0][:4].cuda(), sink.cuda()
+    out = torch.empty_like(qd)
+    lse = torch.empty(4, 64, device="cuda")
+
+    def call() -> None:
+        _WS.sparse_attn_ws(qd, used, ld, sd, SCALE, out=out, lse_out=lse, variant=variant)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    q2 = torch.randn(4, 64, 512, generator=torch.Generator().manual_seed(708)).bfloat16()
+    l2 = lists[0].roll(1, dims=0)[:4]
+    qd.copy_(q2.cuda())
+    ld.copy_(l2.cuda())
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check((out.cpu(), lse.cpu()), q2, caches[:1], [l2], sink, SCALE, (fp8,), gpu_p=True)
