@@ -13,7 +13,8 @@ row, radix select over a unique 64-bit key (value image, then the column, so the
 * mode="lean" (DEFAULT_MODE since round 3; H200: 1.1-2.1x "fast"): the fast pass with a cheaper filter: tile 0 is
   counted first and then kept only at or above bmin (no 8,192-entry keep + compaction), later tiles test each
   entry with one float compare against bmin's lower bound (rank compare for fp16) and skip the validity math
-  inside the row; only passing entries (~1-2 %) take per-lane shared atomics. 4 x 16-byte loads per thread per tile for every dtype.
+  inside the row; only passing entries (~1-2 %) take per-lane shared atomics. 4 x 16-byte loads per thread per
+  tile for every dtype.
 * mode="lean_pf": lean plus a bulk L2 prefetch (cp.async.bulk.prefetch.L2, sm_90) of the tile 3 tiles ahead, so
   that more bytes are in flight per SM than the register double buffer holds (16-byte loads; else plain lean).
 * mode="one_read" (round 1's default): the same one-read scheme with every entry counted (one shared atomic per
