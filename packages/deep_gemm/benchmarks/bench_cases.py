@@ -236,8 +236,8 @@ CUDA_TN = {"decode": (8, 16), "mid": (32, 64), "prefill": ()}
 
 
 def _w4a16_impl_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, impl: str):
-    """The W4A16 API with env DEEPINFER_DG_W4A16_IMPL = `impl` (auto: CUDA kernel at <= 64 rows per group when
-    `_C` has it, else Triton) around the call, so the rows time the API's own dispatch."""
+    """The W4A16 API with env DEEPINFER_DG_W4A16_IMPL = `impl` (auto: CUDA kernel at <= `CUDA_MAX_ROWS` rows per
+    group when `_C` has it, else Triton) around the call, so the rows time the API's own dispatch."""
     import os
 
     from deepinfer.deep_gemm import api_w4a16

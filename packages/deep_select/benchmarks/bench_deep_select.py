@@ -14,9 +14,10 @@ result is checked against torch.topk's values (same multiset of chosen values) b
 
 Kernels: cuda = what the API runs with `_C` (`csrc/cuda/topk_radix.cu`, CUDA C++): the split
 (`topk_cuda_split`: segments per row, one CTA each, then a merge CTA per row) for few long rows, else one CTA per
-row in the fast mode (filtered one-read pass, prefetched tiles); cuda_fast = the fast mode, one CTA per row, timed
-where cuda is the split; cuda_lean = round 3's lean mode, one CTA per row (tile 0 counted then kept, one float
-compare per entry after it, per-lane atomics for the ~1-2 % that pass); cuda_lean_pf = lean + a bulk L2
+row in `cuda_topk.DEFAULT_MODE` ("lean" since session 4; the session-3 and session-4 JSON ran "fast" as cuda);
+cuda_fast = the fast mode, one CTA per row, timed where cuda is the split; cuda_lean = the lean mode, one CTA
+per row (tile 0 counted then kept, one float compare per entry after it, per-lane atomics for the ~1-2 % that
+pass); cuda_lean_pf = lean + a bulk L2
 prefetch 3 tiles ahead; cuda_lean_split = the API's split with lean segments; cuda_{fast,lean,lean_pf}_s{S} = the
 split with S segments per row at the goal shapes (SEG_SWEEP), also where b fills the GPU; x cuda = against the
 API's default of this run; cuda_r1 = round 1's one-read mode (also a baseline: x cuda_r1); cuda_2pass = a

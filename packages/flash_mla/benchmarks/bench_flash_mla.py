@@ -1,6 +1,6 @@
 """flash_mla benchmark on V4-Flash shapes: sparse decode and prefill, Triton kernels against the reference.
 
-    python packages/flash_mla/benchmarks/bench_flash_mla.py --out RESULT.json   # GPU, issue 5 shapes (< 120 s)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --out RESULT.json   # GPU, issue 5 shapes (~95 s)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --smoke             # CPU, tiny shapes (interpreter)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table
 
@@ -20,13 +20,14 @@ chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `def
 (csrc/cuda/fm_sparse_decode.cu, the compiled sm_90a wgmma kernel; kernel="cuda"; GPU runs only, an error record when
 _C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), the CUDA
 kernel's small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge of the split partials
-pdl / last CTA; plain `cuda` = default plan + Triton combine) and `cuda_prefetch` (prefill: L2 prefetch of the
+pdl / last CTA; plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the
 token one wave ahead), the warp-specialised kernel `cuda_ws[_fp8]` / `cuda_ws2[_fp8]` (cuda_ws_decode.py, two
 variants; `_s<n>` forced splits; at b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations
 `cuda_ws[2]_abl_<mode>[_fp8]`, modes producer / consumer / no_xchg / qk_only / pv_only / no_softmax, WRONG numbers by
 design: where the time goes), `legacy`
 (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32 softmax, BF16 cache); "x split (same
-cache)" is the speed-up over `split` / `split_fp8` (today's default).
+cache)" is the speed-up over `split` / `split_fp8` (the Triton kernel). `split_s<n>` name no kernel: they run the
+API default (the CUDA kernel when _C is built).
 TFLOPS = 2 * 64 * (valid indices) * (512 + 512) / time (the issue's formula);
 bytes = q + out (bf16) + indices + one cache row per valid index (1,024 B BF16, 584 B FP8), as FlashMLA counts.
 Timing: kernelkit.bench_cuda (CUDA events, 256 MiB L2 flush before every call).
@@ -232,7 +233,7 @@ def _variants(op: str, b: int, s_q: int, smoke: bool) -> list[tuple[str, dict]]:
 
 
 def _cuda_splits(n: int) -> list[tuple[str, dict]]:
-    """The CUDA kernel (64-row tiles, auto plan: at least 2 tiles per split) with n splits per token."""
+    """The CUDA kernel (64-row tiles, DEFAULT_OPTIONS merge) with n splits per token."""
     return [(f"cuda_s{n}", dict(kernel="cuda", num_splits=n)), (f"cuda_fp8_s{n}", dict(kernel="cuda", num_splits=n))]
 
 
@@ -356,7 +357,7 @@ def _finish_case(recs: list[dict], ref_out: torch.Tensor | None, key: tuple) -> 
         same = "split_fp8" if "fp8" in r["impl"] else "split"  # the Triton kernel on the same cache format
         if same in times and same != r["impl"]:
             r["x_vs_default_same_cache"] = times[same] / r["median_us"]
-        cu = "cuda_fp8" if "fp8" in r["impl"] else "cuda"  # the CUDA kernel's default plan, same cache
+        cu = "cuda_fp8" if "fp8" in r["impl"] else "cuda"  # the CUDA kernel as the API runs it, same cache
         if r["impl"].startswith("cuda") and cu in times and cu != r["impl"]:
             r["x_vs_cuda_same_cache"] = times[cu] / r["median_us"]
         if out is not None and ref_out is not None and r["impl"] != "reference" and "l2hot" not in r["impl"]:

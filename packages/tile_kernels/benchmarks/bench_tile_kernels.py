@@ -105,7 +105,7 @@ def _time(fn, args: tuple, warmup: int, rep: int) -> dict:
 def _record(case: Case, impl: str, timing: dict, nbytes: int, path: str) -> dict:
     us = timing["median_us"]
     gbps = kernelkit.gbps(nbytes, us)
-    return {
+    rec = {
         "op": case.op,
         "shape": case.shape,
         "impl": impl,
@@ -118,6 +118,9 @@ def _record(case: Case, impl: str, timing: dict, nbytes: int, path: str) -> dict
         "pct_copy_ceiling": kernelkit.pct_of(gbps, COPY_GBPS),
         "timer": timing["timer"],
     }
+    if "graph_error" in timing:  # why the call was timed with events, not graph replays (a host sync, ...)
+        rec["graph_error"] = timing["graph_error"]
+    return rec
 
 
 def run_case(

@@ -104,6 +104,75 @@ def test_permute_bad_inputs() -> None:
         _K.moe_permute_triton(x.to(torch.complex128), idx, 4)
 
 
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_permute_rejects_out_of_range_ids(idx_dtype: torch.dtype) -> None:
+    """The launcher checks the ids in the copy that reads P back (before the row kernel could write out of
+    bounds): an id >= E or < -1 raises with the offending value; int64 ids beyond int32 do not wrap into range."""
+    x = torch.randn(5, 8, generator=_gen(8)).to(DEV)
+    for bad, shown in ((4, 4), (-2, -2), (9, 9)) + (((2**32 + 1, 2**32 + 1),) if idx_dtype == torch.int64 else ()):
+        idx = _routing(5, 3, 4, seed=9, dtype=idx_dtype)
+        idx[3, 1] = bad
+        with pytest.raises(ValueError, match=rf"topk_idx values must be in \[-1, 3\].*got {shown}$"):
+            _K.moe_permute_triton(x, idx.to(DEV), 4, 16)
+
+
+class _HostReads:
+    """Counts the device -> host reads a call makes (Tensor.item / tolist / bool / int / float), the calls that
+    are a host sync on CUDA; on CPU the counts show what the same code would do on a GPU."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in self.NAMES:
+            real = getattr(torch.Tensor, name)
+
+            def spy(t, *a, _real=real, _name=name):  # noqa: ANN001, ANN002, ANN202
+                self.calls.append(_name)
+                return _real(t, *a)
+
+            monkeypatch.setattr(torch.Tensor, name, spy)
+
+
+def _open_triton_gates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU, let the API take the Triton path (the kernels run in the interpreter)."""
+    from deepinfer.tile_kernels import _dispatch
+    from deepinfer.tile_kernels import api as tk_api
+
+    if not _CUDA:
+        monkeypatch.setattr(tk_api, "_triton_ok", lambda x: True)
+        monkeypatch.setattr(_dispatch, "triton_ok", lambda x: True)
+    monkeypatch.delenv("DEEPINFER_TILE_KERNELS_BACKEND", raising=False)
+
+
+def test_api_host_syncs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the Triton path tk.moe_permute reads the device once (P with the ids' min / max) and tk.moe_unpermute
+    never (CUDA-graph safe; src_map unchecked there); the reference path still range-checks src_map."""
+    import deepinfer.tile_kernels as tk
+
+    _open_triton_gates(monkeypatch)
+    t, k, e, h = 19, 6, 8, 16
+    x = torch.randn(t, h, generator=_gen(60)).bfloat16().to(DEV)
+    idx = _routing(t, k, e, seed=61, dtype=torch.int32).to(DEV)
+    w = torch.rand(t, k, generator=_gen(62)).to(DEV)
+    want = ref_moe.moe_permute(x, idx, e, block=4)
+    reads = _HostReads(monkeypatch)
+    got = tk.moe_permute(x, idx, e, block=4)
+    assert reads.calls == ["tolist"], reads.calls
+    reads.calls.clear()
+    out = tk.moe_unpermute(got.x, got.src_map, w, out_dtype=torch.float32)
+    assert reads.calls == [], reads.calls
+    monkeypatch.undo()
+    _assert_fields_equal(got, want)
+    assert torch.equal(out, ref_moe.moe_unpermute(want.x, want.src_map, w, out_dtype=torch.float32))
+    with pytest.raises(ValueError, match="topk_idx values must be in"):
+        _open_triton_gates(monkeypatch)
+        tk.moe_permute(x, torch.full_like(idx, e), e)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="src_map values must be in"):  # fp64 y: the reference path
+        tk.moe_unpermute(got.x.double(), got.src_map + want.x.shape[0], w)
+
+
 @pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_unpermute_matches_slot_order_oracle(map_dtype: torch.dtype, dtype: torch.dtype) -> None:
@@ -176,7 +245,7 @@ def test_gpu_v4_flash_shapes(t: int, block: int | None) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs CUDA")
 def test_gpu_unpermute_cuda_graph_replay() -> None:
-    """The un-permute launcher has no host sync: capture, change y in place, replay, compare."""
+    """The un-permute launcher and tk.moe_unpermute have no host sync: capture, change y in place, replay, compare."""
     t, k, e, h = 64, 6, 256, 4096
     idx = _routing(t, k, e, seed=40, dtype=torch.int32).cuda()
     res = ref_moe.moe_permute(torch.randn(t, h, generator=_gen(41)).bfloat16().cuda(), idx, e)
@@ -187,11 +256,18 @@ def test_gpu_unpermute_cuda_graph_replay() -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         got = _K.moe_unpermute_triton(y, res.src_map, w)
+    import deepinfer.tile_kernels as tk
+
+    api_graph = torch.cuda.CUDAGraph()  # the API too: no range check (host sync) on this path
+    with torch.cuda.graph(api_graph):
+        got_api = tk.moe_unpermute(y, res.src_map, w)
     y.copy_(torch.randn(y.shape, generator=_gen(43)).bfloat16())
     graph.replay()
+    api_graph.replay()
     torch.cuda.synchronize()
     want = ref_moe.moe_unpermute(y, res.src_map, w)
     assert torch.equal(got, want), f"max abs diff {(got.float() - want.float()).abs().max().item()}"
+    assert torch.equal(got_api, want), f"API: max abs diff {(got_api.float() - want.float()).abs().max().item()}"
 
 
 def test_api_dispatches_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

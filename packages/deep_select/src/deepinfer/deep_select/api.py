@@ -25,6 +25,7 @@ import torch
 
 from . import reference as _ref
 from ._backend import backend
+from ._packed import dequant_packed
 from ._validate import (
     ACT_DTYPES,
     SCORE_DTYPES,
@@ -40,6 +41,9 @@ __all__ = ["indexer_scores", "indexer_topk", "topk", "topk_ragged"]
 
 _TABLE_DTYPES = (torch.int32, torch.int64)  # the engine's slot ids are int64; tables are int32
 TopkResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+# An indexer input: a bf16 / fp32 tensor, or a packed (values, scales) pair (`_packed.py`: FP8 e4m3 with fp32 /
+# UE8M0 scales, or FP4 e2m1 with UE8M0 scales per 32), dequantised on entry.
+IndexerInput = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def _fast_impl(t: torch.Tensor) -> str | None:
@@ -193,17 +197,21 @@ def _check_indexer_qw(q: torch.Tensor, weights: torch.Tensor) -> None:
     check_shape("weights", weights, tuple(q.shape[:2]))
 
 
-def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def indexer_scores(q: IndexerInput, weights: torch.Tensor, k: IndexerInput) -> torch.Tensor:
     """Lightning-indexer scores I[t, j] = sum_h weights[t, h] * relu(q[t, h] . k[j]), all in fp32.
 
     Args:
-        q: [t, h, d] bf16 / fp32 indexer queries (V4: h = 64, d = 128).
+        q: [t, h, d] bf16 / fp32 indexer queries (V4: h = 64, d = 128), or packed as the model stores them:
+            (float8_e4m3fn [t, h, d], scales [t, h, d / block] fp32 or UE8M0) or (uint8 [t, h, d / 2] e2m1 low
+            nibble first, UE8M0 scales [t, h, d / 32]). Packed inputs are dequantised on entry (`_packed.py`;
+            exact with UE8M0 scales), not fused.
         weights: fp32 [t, h] per-head weights (the model folds its scale factors in here).
-        k: [n, d] bf16 / fp32 indexer keys.
+        k: [n, d] bf16 / fp32 indexer keys, or packed like q ([n, d] / [n, d / 2] values).
 
     Returns:
         fp32 [t, n]. Exact zeros are common (every head's ReLU clipped), so expect ties.
     """
+    q, k = dequant_packed("q", q), dequant_packed("k", k)
     _check_indexer_qw(q, weights)
     check_tensor("k", k, ndim=2, dtypes=ACT_DTYPES)
     if k.shape[1] != q.shape[2]:
@@ -240,9 +248,9 @@ def _check_paging(
 
 
 def indexer_topk(
-    q: torch.Tensor,
+    q: IndexerInput,
     weights: torch.Tensor,
-    k_cache: torch.Tensor,
+    k_cache: IndexerInput,
     k: int,
     *,
     visible: torch.Tensor,
@@ -254,9 +262,11 @@ def indexer_topk(
     """Paged lightning-indexer top-k: `topk(indexer_scores(...), k)` over each query's own sequence.
 
     Args:
-        q: [t, h, d] bf16 / fp32; weights: fp32 [t, h] (as in `indexer_scores`).
+        q: [t, h, d] bf16 / fp32, or packed FP8 / FP4 (as in `indexer_scores`); weights: fp32 [t, h].
         k_cache: [num_slots, d] (flat) or [blocks, rows_per_block, d], bf16 / fp32; slot s is row s of
-            k_cache.view(-1, d). Slots no query can see may hold anything (NaN included).
+            k_cache.view(-1, d). Slots no query can see may hold anything (NaN included). Or packed like q
+            (values [..., d] FP8 / [..., d / 2] FP4 with the same leading dims, scales [..., groups]): the whole
+            cache is dequantised on entry (a dense copy of it, every call), not fused.
         k: >= 1 entries to select per query.
         visible: int32 [t]; query t sees its sequence's entries 0 <= j < visible[t] (clamped at 0 and at the
             sequence's capacity).
@@ -268,7 +278,7 @@ def indexer_topk(
         rows_per_block: entries per block; taken from k_cache.shape[1] when k_cache is 3-D, required otherwise.
         fused: on CUDA (with Triton installed; h and d powers of two >= 16, as V4's 64 x 128), run the fused
             Triton kernel (`backends/cuda/triton_indexer.py`: scores and selection in one kernel, the [t, n]
-            score matrix is never written; 1.44x GEMM + torch.topk on the H200 at t = 4,096, n = 65,536).
+            score matrix is never written; 1.43-1.47x GEMM + torch.topk on the H200 at t = 4,096, n = 65,536).
             Caveat: its fp32 sums run in a different order than `indexer_scores`, so entries whose scores differ
             only by rounding (near-ties at the k-th place) may be chosen differently from `topk(indexer_scores)`;
             inputs whose sums are exact select identically. Other devices / shapes ignore the flag.
@@ -276,6 +286,7 @@ def indexer_topk(
     Returns:
         int32 [t, k] local entry ids j (not slots), -1 padded when visible[t] < k; order unspecified.
     """
+    q, k_cache = dequant_packed("q", q), dequant_packed("k_cache", k_cache)
     _check_indexer_qw(q, weights)
     check_tensor("k_cache", k_cache, ndim=(2, 3), dtypes=ACT_DTYPES)
     if k_cache.shape[-1] != q.shape[2]:

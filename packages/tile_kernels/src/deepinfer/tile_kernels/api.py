@@ -257,8 +257,9 @@ def moe_permute(
     deep_gemm's W4A16 / W4A8 grouped GEMMs and `torch._grouped_mm`; row_expert [P] int32, -1 on padding rows
     (DeepGEMM's `m_indices`); src_map [t, k] int32, the row holding slot (i, j), -1 for masked slots.
     Order (deterministic): by expert, then token, then slot. On CUDA: a Triton counting sort (no atomics) and
-    row copy, `backends/cuda/triton_moe.py` (x of 1, 2, 4 or 8-byte elements); else the reference. Either way
-    the ids are range-checked and P is read back, one host sync each.
+    row copy, `backends/cuda/triton_moe.py` (x of 1, 2, 4 or 8-byte elements), one host sync: P is read back
+    with the ids' min / max, which are range-checked in that same copy; else the reference, whose id check and
+    read-back of P are a host sync each.
     """
     check_tensor("x", x, ndim=2)
     check_tensor("topk_idx", topk_idx, ndim=2)
@@ -271,14 +272,15 @@ def moe_permute(
     if block is not None and (not _is_int(block) or block < 1):
         raise ValueError(f"block must be None or an int >= 1, got {block!r}")
     check_same_device(x=x, topk_idx=topk_idx)
-    if topk_idx.numel() and not bool(((topk_idx >= -1) & (topk_idx < num_experts)).all()):
-        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
-        raise ValueError(f"topk_idx values must be in [-1, {num_experts - 1}] (-1 = masked slot), got {bad}")
     # no kernel when autograd wants x's gradient (the reference's row gather has a backward)
     if _triton_ok(x) and x.element_size() in (1, 2, 4, 8) and not (torch.is_grad_enabled() and x.requires_grad):
         from .backends.cuda.triton_moe import moe_permute_triton  # imports triton: only on this path
 
+        # it checks the ids in the copy that reads P back (a separate check here was a second host sync)
         return MoePermutation(*moe_permute_triton(x, topk_idx, num_experts, block))
+    if topk_idx.numel() and not bool(((topk_idx >= -1) & (topk_idx < num_experts)).all()):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][0].item()
+        raise ValueError(f"topk_idx values must be in [-1, {num_experts - 1}] (-1 = masked slot), got {bad}")
     return _ascend_or("moe_permute", x.device, _ref.moe_permute)(x, topk_idx, num_experts, block=block)
 
 
@@ -296,8 +298,9 @@ def moe_unpermute(
     nothing, its weight is not read). topk_weights: [t, k] float (fp32 from `moe_route`).
     Math in fp32: each product rounded to fp32, summed in slot order from 0 (deterministic, no atomics), one cast
     at the end. Returns [t, h] out_dtype (default y.dtype). On CUDA (y and weights fp32/bf16/fp16, out_dtype
-    one of those): a Triton kernel with the reference's order and roundings, `backends/cuda/triton_moe.py`;
-    else the reference. src_map is range-checked (one host sync).
+    one of those): a Triton kernel with the reference's order and roundings, `backends/cuda/triton_moe.py`, no
+    host sync (CUDA-graph safe), src_map NOT range-checked (a row >= P reads out of bounds: pass `moe_permute`'s
+    src_map); else the reference, which range-checks src_map (one host sync).
     """
     check_tensor("y", y, ndim=2, floating=True)
     check_tensor("src_map", src_map, ndim=2)
@@ -311,15 +314,17 @@ def moe_unpermute(
     if out_dtype is not None and (not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point):
         raise TypeError(f"out_dtype must be None or a float torch.dtype, got {out_dtype!r}")
     check_same_device(y=y, src_map=src_map, topk_weights=topk_weights)
-    rows = y.shape[0]
-    if src_map.numel() and not bool(((src_map >= -1) & (src_map < rows)).all()):
-        bad = src_map[(src_map < -1) | (src_map >= rows)][0].item()
-        raise ValueError(f"src_map values must be in [-1, {rows - 1}] (rows of y; -1 = masked slot), got {bad}")
     odt = y.dtype if out_dtype is None else out_dtype
     if _triton_float_ok(y, topk_weights) and odt in _TRITON_OUT_DTYPES and src_map.shape[1] <= _UNPERMUTE_MAX_K:
         from .backends.cuda.triton_moe import moe_unpermute_triton
 
+        # no range check here (as hash_route's ids: unchecked on CUDA): it was a host sync, which kept the op out
+        # of CUDA graphs (decode) and put a host round trip into every call
         return moe_unpermute_triton(y, src_map, topk_weights, out_dtype)
+    rows = y.shape[0]
+    if src_map.numel() and not bool(((src_map >= -1) & (src_map < rows)).all()):
+        bad = src_map[(src_map < -1) | (src_map >= rows)][0].item()
+        raise ValueError(f"src_map values must be in [-1, {rows - 1}] (rows of y; -1 = masked slot), got {bad}")
     return _ascend_or("moe_unpermute", y.device, _ref.moe_unpermute)(y, src_map, topk_weights, out_dtype=out_dtype)
 
 

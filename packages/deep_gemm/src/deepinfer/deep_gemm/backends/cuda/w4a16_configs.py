@@ -174,8 +174,8 @@ CUDA_VARIANTS: tuple[tuple[int, int, int, int], ...] = (
 )  # fmt: skip
 CUDA_NAMES = tuple(f"m{t}n{w * r * 16}k256w{w}s{s}cu" for t, w, r, s in CUDA_VARIANTS)
 # The auto rule sends groups of at most this many rows (estimated: `rows_per_group`) to the CUDA kernel. H200 run
-# (session 4): the 8-token variants beat Triton 1.1-1.45x at 1-8 rows per expert, the 64-token ones lost to it
-# (0.81-0.87x) at 64 rows per expert; 16 keeps the measured wins (16-32 rows per expert were not measured).
+# (session 4): the 8-token variants beat Triton 1.08-1.50x at 1-8 rows per expert, the 64-token ones lost to it
+# (0.78-0.96x) at 64 rows per expert; 16 keeps the measured wins (16-32 rows per expert were not measured).
 CUDA_MAX_ROWS = 16
 
 

@@ -46,9 +46,10 @@ PLANS = ("default", "fine", "auto")
 MERGES = ("triton", "pdl", "last_cta")
 _MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2}
 FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] fp32 per split) cost more to merge
-# What kernel="cuda" runs when the call does not name a plan / merge / prefetch: the session-3 behaviour until the
-# H200 run decides (bench rows cuda[_fp8]_<plan>_<merge> against cuda[_fp8] at decode b = 1 / 2 and HCA b = 1,
-# x_vs_cuda_same_cache in the JSON; cuda_prefetch against cuda at prefill).
+# What kernel="cuda" runs when the call does not name a plan / merge / prefetch: set from the session-4 H200 runs
+# (bench rows cuda[_fp8]_<plan>_<merge> against cuda[_fp8] at decode b = 1 / 2 and HCA b = 1: fine + pdl fastest
+# there, last_cta 2-8x slower; cuda_prefetch 1.00-1.02x at prefill, so off). README "Small-batch plans and merges"
+# also notes the PDL merge looked slower than the Triton one at b = 32 (across two runs, not yet measured in one).
 DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl", "prefetch": False}
 
 

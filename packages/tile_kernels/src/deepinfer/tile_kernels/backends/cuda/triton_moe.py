@@ -10,7 +10,9 @@ atomics (so the row order is the reference's: by expert, then token, then slot, 
    the expert's count.
 3. `_offsets_kernel`, one program: counts -> segments padded to `block` -> expert_offsets (cumulative ends) and
    the segment starts.
-   The launcher reads the total row count P back here (one host sync: the API's result is [P, h]).
+   The launcher reads the total row count P back here, together with the ids' min and max (one host sync, the
+   only one: the API's result is [P, h]; out-of-range ids raise before step 4, the only step that could write
+   out of bounds with them: steps 1-3 count an id outside [0, E) in no expert).
 4. `_rows_kernel`, program (token, h block): row of slot s = start[e] + hist[e, b(s)] + rank[s]; it writes
    src_map and row_expert (h block 0) and copies the token's row slice to each of its k rows (x read once).
    `_pad_kernel` (only when block > 1), one program per expert: zero rows and row_expert -1 for the padding.
@@ -194,14 +196,26 @@ def _empty_result(x: torch.Tensor, t: int, k: int, num_experts: int) -> tuple[to
     )
 
 
+def _read_total_and_check(offsets: torch.Tensor, idx: torch.Tensor, num_experts: int) -> int:
+    """P = offsets[-1], read back in one copy with min / max of idx [t, k] (int64: no wrap of a huge id); raises
+    ValueError when an id is outside [-1, num_experts) (-1 = masked slot). One host sync for both."""
+    lo, hi = torch.aminmax(idx.view(-1))
+    total, lo_v, hi_v = torch.stack((offsets[-1].long(), lo.long(), hi.long())).tolist()
+    if lo_v < -1 or hi_v >= num_experts:
+        bad = hi_v if hi_v >= num_experts else lo_v
+        raise ValueError(f"topk_idx values must be in [-1, {num_experts - 1}] (-1 = masked slot), got {bad}")
+    return int(total)
+
+
 def moe_permute_triton(
     x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, block: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton `moe_permute`, same contract as `ref.moe.moe_permute` (ids assumed in [-1, E): unchecked here).
+    """Triton `moe_permute`, same contract as `ref.moe.moe_permute`.
 
-    x: [t, h] any dtype of 1, 2, 4 or 8 bytes (any strides); topk_idx: [t, k] int32/int64.
+    x: [t, h] any dtype of 1, 2, 4 or 8 bytes (any strides); topk_idx: [t, k] int32/int64 in [-1, E).
     Returns (x_perm [P, h], expert_counts [E] int32, expert_offsets [E] int32, row_expert [P] int32,
-    src_map [t, k] int32). One host sync: P (offsets[-1]) sizes x_perm and row_expert.
+    src_map [t, k] int32). One host sync: P (offsets[-1]) sizes x_perm and row_expert; the ids' min / max come
+    back in the same copy (ValueError, as the API's check, when one is outside [-1, E)).
     """
     check_runnable(x, topk_idx)
     if x.dim() != 2 or topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
@@ -228,7 +242,7 @@ def moe_permute_triton(
     _scan_kernel[(num_experts,)](hist, counts, nb, BLOCK=max(16, min(SCAN_BLOCK, triton.next_power_of_2(nb))))
     eb = max(16, min(SCAN_BLOCK, triton.next_power_of_2(num_experts)))
     _offsets_kernel[(1,)](counts, offsets, start, num_experts, STEP=step, BLOCK=eb)
-    total = int(offsets[-1])  # host sync: P sizes the result
+    total = _read_total_and_check(offsets, idx, num_experts)  # the one host sync: P sizes the result
     xi = x.view(_INT_OF_SIZE[x.element_size()])  # a raw-bits copy: any dtype
     # at least one row allocated: an empty tensor's null data pointer never reaches a kernel
     out = torch.empty((max(total, 1), h), dtype=xi.dtype, device=dev)[:total]
@@ -249,7 +263,8 @@ def moe_permute_triton(
 def moe_unpermute_triton(
     y: torch.Tensor, src_map: torch.Tensor, topk_weights: torch.Tensor, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Triton `moe_unpermute`, same contract as `ref.moe.moe_unpermute` (rows assumed in [-1, P): unchecked here).
+    """Triton `moe_unpermute`, same contract as `ref.moe.moe_unpermute` (rows assumed in [-1, P): unchecked here;
+    a row >= P reads out of bounds, so src_map must come from `moe_permute` of the same routing).
 
     y: [P, h] fp32/bf16/fp16 (any strides); src_map: [t, k] int32/int64; topk_weights: [t, k] float.
     Returns [t, h] out_dtype (default y.dtype; fp32/bf16/fp16). No host sync (CUDA-graph safe).
