@@ -15,10 +15,12 @@ result is checked against torch.topk's values (same multiset of chosen values) b
 Kernels: cuda = what the API runs with `_C` (`csrc/cuda/topk_radix.cu`, CUDA C++): the split
 (`topk_cuda_split`: segments per row, one CTA each, then a merge CTA per row) for few long rows, else one CTA per
 row in `cuda_topk.DEFAULT_MODE` ("lean" since session 4; the session-3 and session-4 JSON ran "fast" as cuda);
-cuda_fast = the fast mode, one CTA per row, timed where cuda is the split; cuda_lean = the lean mode, one CTA
+cuda_fast = the fast mode, one CTA per row, timed where either split rule splits; cuda_lean = the lean mode, one CTA
 per row (tile 0 counted then kept, one float compare per entry after it, per-lane atomics for the ~1-2 % that
 pass); cuda_lean_pf = lean + a bulk L2
-prefetch 3 tiles ahead; cuda_lean_split = the API's split with lean segments; cuda_{fast,lean,lean_pf}_s{S} = the
+prefetch 3 tiles ahead; cuda_lean_split = the split with lean segments at fast's rule's S (`choose_split(...,
+mode="fast")`, the session-4 API's split); cuda_lean_s{S} where S = the lean rule's own S (`choose_split`'s
+default since session 4; then cuda = that split); cuda_{fast,lean,lean_pf}_s{S} = the
 split with S segments per row at the goal shapes (SEG_SWEEP), also where b fills the GPU; x cuda = against the
 API's default of this run; cuda_r1 = round 1's one-read mode (also a baseline: x cuda_r1); cuda_2pass = a
 histogram pass, then a collecting pass over the row (mostly from L2 at n <= 65,536),
@@ -72,15 +74,20 @@ BASELINES = ("torch.topk", "cuda", "triton_v3", "cuda_r1")  # cuda = the API's d
 # Segment counts swept at the goal shapes (round 3, idea 1: split rows into S segments even when b fills the GPU;
 # idea 4: more segments for b = 1): (b, n, k) -> S values, each measured with the fast and / or lean pass as
 # cuda_{fast,lean}_s{S} (topk_cuda_split: S CTAs per row, then one merge CTA per row over S x k ids).
+# Session-4 re-tune of choose_split for lean (not yet re-timed): S values next to the lean rule's choice that the
+# session-4 run did not measure (b = 1: fewer segments at k = 512; b = 64: 2 segments; b = 1, n = 65,536: 2-4).
 SEG_SWEEP = {
     (256, 65536, 512): ((2, 4), ("fast", "lean", "lean_pf")),
     (256, 262144, 512): ((2, 4), ("lean",)),
     (256, 262144, 2048): ((2,), ("lean",)),
     (4096, 262144, 512): ((2,), ("lean",)),
-    (64, 262144, 512): ((8, 16), ("lean",)),
-    (64, 262144, 2048): ((8,), ("lean",)),
-    (1, 262144, 512): ((44,), ("lean",)),
-    (1, 262144, 2048): ((6, 22, 32), ("lean",)),
+    (64, 262144, 512): ((2, 8, 16), ("lean",)),
+    (64, 262144, 2048): ((2, 8), ("lean",)),
+    (64, 65536, 512): ((2,), ("lean",)),
+    (1, 65536, 512): ((4,), ("lean",)),
+    (1, 65536, 2048): ((2,), ("lean",)),
+    (1, 262144, 512): ((8, 11, 44), ("lean",)),
+    (1, 262144, 2048): ((4, 6, 22, 32), ("lean",)),
 }
 _EXTRA: set[str] = set()  # optional implementations asked for on the command line
 
@@ -115,14 +122,19 @@ def _fns(x: torch.Tensor, k: int) -> dict:
     fns = {"torch.topk": lambda: torch.topk(x, kk_, dim=1, sorted=False)}
     if x.is_cuda:  # the compiled kernel: an error record when _C is missing (the lead's build must have it)
         sms_ = torch.cuda.get_device_properties(x.device).multi_processor_count
-        segs = cuda_topk.choose_split(x.shape[0], x.shape[1], k, sms_) if dispatch.SPLIT_ENABLED else 1
+        b_, n_ = x.shape
+        on = dispatch.SPLIT_ENABLED
+        segs = cuda_topk.choose_split(b_, n_, k, sms_) if on else 1  # the API's rule (DEFAULT_MODE's)
+        segs_fast = cuda_topk.choose_split(b_, n_, k, sms_, mode="fast") if on else 1  # session 3's sqrt rule
         fns["cuda"] = lambda: dispatch._select_cuda(x, k, None, None, None)  # the API's choice, no fallback
-        if segs > 1:  # cuda is the split here: also the one-CTA-per-row fast kernel
+        if max(segs, segs_fast) > 1:  # a split shape: also the one-CTA-per-row fast kernel
             fns["cuda_fast"] = lambda: cuda_topk.topk_cuda(x, k, mode="fast")
         fns["cuda_lean"] = lambda: cuda_topk.topk_cuda(x, k, mode="lean")  # round 3: one CTA per row
         fns["cuda_lean_pf"] = lambda: cuda_topk.topk_cuda(x, k, mode="lean_pf")  # + bulk L2 prefetch
-        if segs > 1:  # the API's split with lean segments
-            fns["cuda_lean_split"] = lambda: cuda_topk.topk_cuda_split(x, k, segs, mode="lean")
+        if segs_fast > 1:  # lean segments at the fast rule's S (the session-4 API's split; compare across runs)
+            fns["cuda_lean_split"] = lambda: cuda_topk.topk_cuda_split(x, k, segs_fast, mode="lean")
+        if segs > 1 and segs != segs_fast:  # the lean rule's own S (session-4 re-tune, cuda_lean_s{S})
+            fns[f"cuda_lean_s{segs}"] = lambda: cuda_topk.topk_cuda_split(x, k, segs, mode="lean")
         sweep, modes = SEG_SWEEP.get((x.shape[0], x.shape[1], k), ((), ()))
         for s_ in sweep:
             for m_ in modes:

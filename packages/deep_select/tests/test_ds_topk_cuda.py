@@ -321,13 +321,78 @@ def _ascending(idx: torch.Tensor) -> torch.Tensor:
 
 
 def test_choose_split_fill() -> None:
-    """SPLIT_FILL (CTAs per SM the split aims at): 2 splits only b <= SMs; 4 also splits b = 256 in 2."""
-    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=2) == 1
-    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=4) == 2
-    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=2) == 4
-    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=4) == 8
-    assert cuda_topk.choose_split(1, 262144, 2048, 132, fill=2) == 11  # sqrt(n / k)
-    assert cuda_topk.choose_split(1, 8192, 16, 132) == 1  # short rows never split
+    """Fast segments (session 3's rule), SPLIT_FILL (CTAs per SM the split aims at): 2 splits only b <= SMs; 4 also
+    splits b = 256 in 2."""
+    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=2, mode="fast") == 1
+    assert cuda_topk.choose_split(256, 65536, 512, 132, fill=4, mode="fast") == 2
+    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=2, mode="fast") == 4
+    assert cuda_topk.choose_split(64, 262144, 512, 132, fill=4, mode="fast") == 8
+    assert cuda_topk.choose_split(1, 262144, 2048, 132, fill=2, mode="fast") == 11  # sqrt(n / k)
+    for mode in cuda_topk.SPLIT_MODES:
+        assert cuda_topk.choose_split(1, 8192, 16, 132, mode=mode) == 1  # short rows never split
+        assert cuda_topk.choose_split(1, 262144, 40000, 132, mode=mode) == 1  # nor k > n / 8
+
+
+# Session-4 H200 rows (fp32, us; JSON benchmarks/results/2026-11-30-s4-bench-deep_select.json): (b, n, k) -> the
+# lean segments the API must pick = the fastest measured of one lean CTA per row (cuda_lean) and the lean split
+# with S segments (cuda_lean_split at fast's S, cuda_lean_s{S}). Comments: S: time, ..., 1: time.
+_LEAN_SPLIT_ROWS = {
+    (1, 65536, 512): 1,  # 11: 29.2, 1: 26.9
+    (1, 65536, 2048): 1,  # 5: 43.9, 1: 36.6
+    (1, 262144, 512): 22,  # 22: 41.7, 44: 50.3, 1: 54.5
+    (1, 262144, 2048): 6,  # 6: 60.6, 11: 65.9, 22: 86.7, 32: 105.6, 1: 81.8
+    (64, 65536, 512): 1,  # 4: 34.6, 1: 29.9
+    (64, 65536, 2048): 1,  # 4: 50.4, 1: 39.5
+    (64, 262144, 512): 4,  # 4: 57.8, 8: 76.8, 16: 104.9, 1: 60.5
+    (64, 262144, 2048): 1,  # 4: 88.0, 8: 123.3, 1: 86.5
+    (1, 129280, 50): 50,  # sampler; 50: 24.4, 1: 26.4
+    (1, 129280, 512): 15,  # sampler; 15: 35.2, 1: 37.4
+    (64, 129280, 50): 1,  # sampler; 4: 36.0, 1: 30.9
+    (64, 129280, 512): 1,  # sampler; 4: 44.6, 1: 41.1
+    (256, 65536, 512): 1,  # 2: 74.2, 4: 98.0, 1: 43.9
+    (256, 262144, 512): 1,  # 2: 131.0, 4: 178.5, 1: 91.4
+    (256, 262144, 2048): 1,  # 2: 203.8, 1: 125.5
+    (4096, 262144, 512): 1,  # 2: 1,799.9, 1: 1,258.9
+}
+
+
+@pytest.mark.parametrize("mode", ["lean", "lean_pf"])
+def test_choose_split_lean_picks_the_measured_fastest(mode: str) -> None:
+    """Lean segments: at every measured shape the rule picks the fastest option the H200 run measured."""
+    for (b, n, k), want in _LEAN_SPLIT_ROWS.items():
+        assert cuda_topk.choose_split(b, n, k, 132, mode=mode) == want, (b, n, k)
+
+
+def test_choose_split_lean_limits() -> None:
+    """Between the measured shapes: the lean rule never splits more than fast's, keeps the merge within
+    LEAN_MERGE_CANDS, never splits b > SMs / 2 or n < LEAN_SPLIT_MIN_N, and follows DEFAULT_MODE by default."""
+    g = torch.Generator().manual_seed(331)
+    for _ in range(400):
+        b = int(torch.randint(1, 300, (1,), generator=g))
+        n = int(torch.randint(1000, 1_000_000, (1,), generator=g))
+        k = int(torch.randint(1, 4096, (1,), generator=g))
+        sms = int(torch.randint(16, 200, (1,), generator=g))
+        lean, fast = (
+            cuda_topk.choose_split(b, n, k, sms, mode="lean"),
+            cuda_topk.choose_split(b, n, k, sms, mode="fast"),
+        )
+        assert 1 <= lean <= fast, (b, n, k, sms, lean, fast)
+        if lean > 1:
+            assert lean * k <= cuda_topk.LEAN_MERGE_CANDS and 2 * b <= sms and n >= cuda_topk.LEAN_SPLIT_MIN_N
+    assert cuda_topk.choose_split(1, 98304, 512, 132, mode="lean") == 13  # just at the limit: splits
+    assert cuda_topk.choose_split(1, 98303, 512, 132, mode="lean") == 1
+    assert cuda_topk.choose_split(66, 262144, 512, 132, mode="lean") == 4  # few segments, long: splits
+    assert cuda_topk.choose_split(67, 262144, 512, 132, mode="lean") == 1  # b > SMs / 2
+    assert cuda_topk.choose_split(16, 262144, 2048, 132, mode="lean") == 6  # many segments: the merge limit
+
+
+def test_choose_split_default_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mode=None follows DEFAULT_MODE (fast for a mode the split cannot run); a bad mode names the argument."""
+    for default, want in (("fast", 11), ("lean", 6), ("lean_pf", 6), ("one_read", 11), ("two_pass", 11)):
+        monkeypatch.setattr(cuda_topk, "DEFAULT_MODE", default)
+        assert cuda_topk.choose_split(1, 262144, 2048, 132) == want, default
+    with pytest.raises(ValueError, match="mode: expected one of .*got 'quick'"):
+        cuda_topk.choose_split(1, 262144, 2048, 132, mode="quick")
 
 
 def test_topk_cuda_bad_default_mode(monkeypatch: pytest.MonkeyPatch) -> None:

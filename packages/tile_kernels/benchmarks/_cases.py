@@ -142,7 +142,9 @@ _MHC = _launcher("triton_mhc", "mhc_pre_triton")
 _MHC_HEAD = _launcher("triton_mhc", "mhc_head_triton")
 # triton_mhc_fused's FUSED_CONFIGS (last split finishes) and SPIN_CONFIGS (finish spread over F programs)
 MHC_FUSED_CONFIGS = ("default", "spin", "bt32_s32", "bt16_s16", "bt64_s16", "spin_bt64")
-KEEP_VARIANTS = ("mhc_pre", "mhc_head")  # ops whose named configs run at every token count, not only the largest
+# ops whose named configs run at every token count, not only the largest (RoPE and pooling: is a config that wins at
+# 16,384 tokens also no slower at 4,096, 64 and 1?)
+KEEP_VARIANTS = ("mhc_pre", "mhc_head", "apply_rope_interleaved", "softmax_pool")
 
 
 def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
@@ -207,8 +209,8 @@ def _moe_cases(dev: str, t: int, full: bool) -> list[Case]:
 
 def cases(dev: str, tokens: tuple[int, ...]) -> list[Case]:
     """The benchmark list: every op at each token count in `tokens`, in that order. Named Triton configs run at
-    the largest count only (the mHC one-launch configs at every count: `_mhc_variants`). Order per count: MoE
-    permutation, mHC, then the other ops."""
+    the largest count only, except those of KEEP_VARIANTS' ops (the mHC one-launch configs: `_mhc_variants`; RoPE,
+    pooling), at every count. Order per count: MoE permutation, KEEP_VARIANTS' ops, then the other ops."""
     out: list[Case] = []
     for t in tokens:
         full = t == max(tokens)
@@ -283,7 +285,12 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _rope_args(dev, _randn(dev, t, HEADS, HEAD_DIM, seed=23)),
             tk.apply_rope_interleaved,
             ref.apply_rope_interleaved,
-            variants={"early_rot": functools.partial(_ROPE, early_rotate=True)},
+            # the default issues the rotate loads early up to 16M elements (q up to 512 tokens), late above: one
+            # of the two configs is the default itself at each count
+            variants={
+                "early_rot": functools.partial(_ROPE, early_rotate=True),
+                "late_rot": functools.partial(_ROPE, early_rotate=False),
+            },
             smoke_variants=False,  # 512 one-row programs at the smoke shape: ~20 s interpreted
         ),
         Case(
@@ -294,7 +301,7 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             ref.apply_rope_interleaved,
             variants={
                 **{f"bm{bm}_w{w}": functools.partial(_ROPE, block_m=bm, num_warps=w) for bm, w in ((8, 8), (4, 4))},
-                "early_rot": functools.partial(_ROPE, early_rotate=True),
+                "late_rot": functools.partial(_ROPE, early_rotate=False),  # the default up to session 4
             },
         ),
         Case(

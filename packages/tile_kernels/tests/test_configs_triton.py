@@ -76,16 +76,30 @@ def check_configs(t: int) -> None:
     for shape in ((t, 512), (t, 4, 512)):
         q = _randn(*shape, seed=3)
         want = _R.apply_rope_interleaved_triton(q, cos, sin, 64)
-        for kw in ({"early_rotate": True}, {"block_m": 4, "num_warps": 4}, {"block_m": 2, "num_warps": 2}):
+        for kw in (
+            {"early_rotate": True},
+            {"early_rotate": False},
+            {"block_m": 4, "num_warps": 4},
+            {"block_m": 2, "num_warps": 2},
+        ):
             _equal(_R.apply_rope_interleaved_triton(q, cos, sin, 64, **kw), want, f"rope {shape} {kw}")
     _check_kv_configs(t, cos, sin)
-    kv, sc = _randn(2, 128, 64, seed=5, dtype=torch.float32), _randn(2, 128, 64, seed=6, dtype=torch.float32)
-    want = _P.softmax_pool_triton(kv, sc)
-    scale = (torch.softmax(sc, 1) * kv).abs().sum(1)
-    for bc, w in ((32, 4), (64, 8), (16, 4)):
-        err = (_P.softmax_pool_triton(kv, sc, block_c=bc, num_warps=w) - want).abs()
-        assert (err <= 1e-5 * scale).all(), f"pool bc{bc}: max err {err.max():.3g}"
+    _check_pool_configs(t)
     _check_route_configs(t)
+
+
+def _check_pool_configs(t: int) -> None:
+    """Pooling configs: HCA-like [2, 128, 64] windows (bc32_w8 / bc64_w4 kind) and the CSA shape [W, 8, 512] with
+    the benchmark's bc512_w4 (the default tile with 4 warps instead of 8), W = max(1, t // 4) windows."""
+    kv, sc = _randn(2, 128, 64, seed=5, dtype=torch.float32), _randn(2, 128, 64, seed=6, dtype=torch.float32)
+    csa = max(1, t // 4)
+    kv_c, sc_c = _randn(csa, 8, 512, seed=10, dtype=torch.float32), _randn(csa, 8, 512, seed=11, dtype=torch.float32)
+    for (k, s), configs in (((kv, sc), ((32, 4), (64, 8), (16, 4))), ((kv_c, sc_c), ((512, 4), (512, 8)))):
+        want = _P.softmax_pool_triton(k, s)
+        scale = (torch.softmax(s, 1) * k).abs().sum(1)
+        for bc, w in configs:
+            err = (_P.softmax_pool_triton(k, s, block_c=bc, num_warps=w) - want).abs()
+            assert (err <= 1e-5 * scale).all(), f"pool {list(k.shape)} bc{bc}_w{w}: max err {err.max():.3g}"
 
 
 def _check_route_configs(t: int) -> None:

@@ -239,9 +239,12 @@ def test_rope_row_blocks(shape: tuple[int, ...], rope_dim: int, monkeypatch: pyt
 
 
 def test_rope_default_blocks() -> None:
-    """Round-2 defaults: kv [16384, 512] (8M elements) 2 rows / 2 warps per program, q [16384 * 64, 512] 8 / 8."""
+    """Round-2 defaults: kv [16384, 512] (8M elements) 2 rows / 2 warps per program, q [16384 * 64, 512] 8 / 8.
+    Session-4 default: early rotate loads up to 16M elements (kv up to 32K tokens, q up to 512), late above."""
     assert _ROPE._blocks(16384, 512, 64) == (2, 512, 32, 2)
     assert _ROPE._blocks(16384 * 64, 512, 64) == (8, 512, 32, 8)
+    assert _ROPE._early_rotate(16384, 512) and _ROPE._early_rotate(32768, 512) and _ROPE._early_rotate(512 * 64, 512)
+    assert not _ROPE._early_rotate(32769, 512) and not _ROPE._early_rotate(4096 * 64, 512)
 
 
 def test_rope_strided_inputs_and_roundtrip() -> None:

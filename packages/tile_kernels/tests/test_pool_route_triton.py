@@ -193,13 +193,14 @@ def test_route_bad_inputs() -> None:
 @pytest.mark.skipif(not _CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("t", [1, 64, 4096])
 def test_gpu_v4_flash_shapes(t: int) -> None:
-    """Pooling: CSA [t/4, 8, 512] with padded first halves, HCA [t/128, 128, 512]; routing: [t, 256] logits in
-    all three scorings with bias, top-6, scale 1.5."""
+    """Pooling: CSA [t/4, 8, 512] with padded first halves (default and the benchmark config bc512_w4, a candidate
+    default), HCA [t/128, 128, 512]; routing: [t, 256] logits in all three scorings with bias, top-6, scale 1.5."""
     w4 = max(1, t // 4)
     kv, score = _randn(w4, 8, 512, seed=t), _randn(w4, 8, 512, seed=t + 1, scale=2.0)
     score[::3, :4] = float("-inf")
     kv[::3, :4] = 0.0
     _check_pool(softmax_pool_triton(kv, score), kv, score)
+    _check_pool(softmax_pool_triton(kv, score, block_c=512, num_warps=4), kv, score)
     w128 = max(1, t // 128)
     kv, score = _randn(w128, 128, 512, seed=t + 2), _randn(w128, 128, 512, seed=t + 3, scale=2.0)
     _check_pool(softmax_pool_triton(kv, score), kv, score)

@@ -31,6 +31,7 @@ kernels (`available()` is False).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import types
 
@@ -48,6 +49,12 @@ SPLIT_MODES = ("fast", "lean", "lean_pf")  # modes of the split's segments
 # in another mode without an edit (validated at the first call).
 DEFAULT_MODE = os.environ.get("DEEPINFER_DEEP_SELECT_CUDA_MODE", "lean")
 SPLIT_FILL = 2  # choose_split's target CTAs per SM (round 3 measures 4: cuda_lean_s2 at b = 256, s8 at b = 64)
+# choose_split's limits for lean / lean_pf segments, set from the session-4 H200 rows (JSON
+# 2026-11-30-s4-bench-deep_select.json; see choose_split's comments for the rows that decided each one).
+LEAN_SPLIT_MIN_N = 98304  # shorter rows run one CTA: n = 65,536 lost at b = 1 and 64, n = 129,280 won at b = 1
+LEAN_MERGE_CANDS = 12288  # at most this many merge candidates (segs x k) per row
+LEAN_FEW_SEG_MIN = 49152  # b > SMs / 4: each segment keeps at least this many entries ...
+LEAN_FEW_SEG_MERGE = 64  # ... and the merge reads at most n / this many candidates
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -141,15 +148,61 @@ def topk_cuda(
     return out
 
 
-def choose_split(b: int, n: int, k: int, num_sms: int, fill: int | None = None) -> int:
-    """Segments per row for `topk_cuda_split` (1 = no split): enough CTAs to fill the GPU at `fill` (default
-    SPLIT_FILL) per SM, and about sqrt(n / k) segments so that a segment's pass (n / segs entries) and the
-    merge's (segs x k candidates) cost about the same. Rows shorter than 16,384 or k > n / 8 never split.
-    fill = 2 (2 resident CTAs per SM): splits only b <= SMs; fill = 4 also gives b <= 2 x SMs 2 segments."""
+def choose_split(b: int, n: int, k: int, num_sms: int, fill: int | None = None, mode: str | None = None) -> int:
+    """Segments per row for `topk_cuda_split` (1 = no split; the caller then runs one CTA per row).
+
+    Args:
+        b, n, k: rows, columns, picks per row; num_sms: the device's SM count (132 on the H200).
+        fill: target CTAs per SM (default SPLIT_FILL = 2, the kernel's residency).
+        mode: the segments' pass, "fast", "lean" or "lean_pf"; None: DEFAULT_MODE when it is one of those, else
+            "fast" (what `dispatch._select_cuda` runs the segments in).
+
+    Rows shorter than 16,384 or k > n / 8 never split. "fast" (session 3's rule): enough CTAs to fill the GPU,
+    fill x SMs / b, and about sqrt(n / k) segments so that a segment's pass (n / segs entries) and the merge's
+    (segs x k candidates) cost about the same; fill = 2 splits only b <= SMs, 4 also gives b <= 2 x SMs 2
+    segments. "lean" / "lean_pf": see `_lean_split`.
+    """
+    mode = (DEFAULT_MODE if DEFAULT_MODE in SPLIT_MODES else "fast") if mode is None else mode
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"mode: expected one of {SPLIT_MODES}, got {mode!r}")
     if n < 16384 or 8 * k > n:
         return 1
     fill = SPLIT_FILL if fill is None else fill
+    if mode != "fast":
+        return _lean_split(b, n, k, num_sms, fill)
     segs = min((fill * num_sms) // max(b, 1), int((n / k) ** 0.5), 64)
+    return segs if segs >= 2 else 1
+
+
+def _lean_split(b: int, n: int, k: int, num_sms: int, fill: int) -> int:
+    """choose_split for lean / lean_pf segments: fast's rule, with fewer splits and fewer segments.
+
+    Why: a lean CTA reads a row 1.1-2.1x faster than a fast one, while the split still pays a second launch and
+    one merge CTA per row over segs x k gathered candidates (b = 1, n = 262,144, k = 2048: S = 6 / 11 / 22 / 32
+    took 60.6 / 65.9 / 86.7 / 105.6 us while the merge grew 12,288 / 22,528 / 45,056 / 65,536 candidates, about
+    0.85 us per 1,000 more). Each limit below cites the session-4 H200 rows that set it (fp32, us, the split with
+    S lean segments vs one lean CTA per row, same run; JSON 2026-11-30-s4-bench-deep_select.json). Limits lie
+    between a measured win and a measured loss; shapes between the measured ones were not timed.
+    """
+    b = max(b, 1)
+    # 1. No split for rows a lean CTA reads in ~27-37 us: n = 65,536 lost at b = 1 (k = 512: S = 11 29.2 vs
+    #    26.9; k = 2048: S = 5 43.9 vs 36.6) and b = 64 (34.6 vs 29.9; 50.4 vs 39.5); n = 129,280 won at b = 1
+    #    (sampler k = 50: S = 50 24.4 vs 26.4; k = 512: S = 15 35.2 vs 37.4). The limit sits between them.
+    # 2. No split unless a row gains >= 2 SMs (b <= SMs / 2, the Triton split's limit too): with b > SMs / 2
+    #    one CTA per row already has an SM each, and b = 256 with 2 segments lost (74.2 vs 43.9 us at
+    #    n = 65,536; 131.0 vs 91.4 at n = 262,144).
+    if n < LEAN_SPLIT_MIN_N or 2 * b > num_sms:
+        return 1
+    # 3. Segments: fast's min(fill x SMs / b, sqrt(n / k), 64), and at most LEAN_MERGE_CANDS merge candidates:
+    #    b = 1, n = 262,144, k = 2048: S = 6 (12,288 candidates) 60.6 us beat fast's S = 11 (22,528) 65.9;
+    #    k = 512: S = 22 (11,264) 41.7 beat S = 44 (22,528) 50.3 and one CTA 54.5.
+    segs = min((fill * num_sms) // b, math.isqrt(n // k), LEAN_MERGE_CANDS // k, 64)
+    # 4. Few segments (b > SMs / 4: the split gives a row 2-4 SMs, not dozens): only long segments and a small
+    #    merge pay for the second launch. b = 64 (S = 4): n = 262,144, k = 512 won (57.8 vs 60.5 us: 65,536
+    #    entries a segment, merge n / 128); k = 2048 lost (88.0 vs 86.5: merge n / 32); n = 129,280 lost
+    #    (sampler k = 50: 36.0 vs 30.9, k = 512: 44.6 vs 41.1: 32,320 entries a segment). Limits in between.
+    if 4 * b > num_sms and (n < LEAN_FEW_SEG_MIN * segs or segs * k * LEAN_FEW_SEG_MERGE > n):
+        return 1
     return segs if segs >= 2 else 1
 
 

@@ -24,8 +24,8 @@ from .cuda_topk import choose_split, topk_cuda, topk_cuda_split
 
 __all__ = ["select_indices"]
 
-# Few long rows (b x 2 < 2 x SMs, n >= 16,384) run the CUDA split (`topk_cuda_split`): round 2, not yet
-# measured on the H200; set False to give those shapes to the one-CTA-per-row kernel again.
+# Few long rows run the CUDA split (`topk_cuda_split`) where `cuda_topk.choose_split` says so (its rule depends on
+# the segments' mode; lean since session 4); set False to give those shapes to the one-CTA-per-row kernel again.
 SPLIT_ENABLED = True
 _FAILED: dict[str, str] = {}  # kernel name -> its first failure (that kernel is skipped from then on)
 
@@ -73,10 +73,11 @@ def _select_cuda(
     """The CUDA C++ kernel: split rows (few long rows, row-wise calls) when SPLIT_ENABLED, else one CTA per row."""
     b, n = scores.shape
     segs = 1
+    # the segments run DEFAULT_MODE when it is a split mode (fast / lean / lean_pf), else fast; the rule depends on it
+    mode = cuda_topk.DEFAULT_MODE if cuda_topk.DEFAULT_MODE in cuda_topk.SPLIT_MODES else "fast"
     if SPLIT_ENABLED and starts is None:
-        segs = choose_split(b, n, k, _num_sms(scores.device.index or 0))
-    if segs > 1:  # the segments run DEFAULT_MODE when it is a split mode (fast / lean / lean_pf), else fast
-        mode = cuda_topk.DEFAULT_MODE if cuda_topk.DEFAULT_MODE in cuda_topk.SPLIT_MODES else "fast"
+        segs = choose_split(b, n, k, _num_sms(scores.device.index or 0), mode=mode)
+    if segs > 1:
         return topk_cuda_split(scores, k, segs, lengths=lengths, out=out, mode=mode)
     return topk_cuda(scores, k, lengths=lengths, starts=starts, out=out)
 

@@ -1,7 +1,7 @@
 """Triton interleaved-pair RoPE (`ref/rope.py::apply_rope_interleaved`) over x [t, M, d] (M = middle dims).
 
 The t * M rows of x are flattened; program i takes BLOCK_M consecutive rows (for q [t, 64, 512]: 8 rows of one
-token, 16 KB moved; for kv [t, 512]: 8 tokens) and does two things:
+token, 16 KB moved; for kv [t, 512] up to 32K tokens: 2 tokens, SMALL_BLOCK_M) and does two things:
 
 * copy: columns [0, d - rope_dim) in [BLOCK_M, BLOCK_C] tiles, the stored bytes being the loaded ones (no
   arithmetic, no per-column masks beyond the region's end): full-width vector loads and stores. Most of the
@@ -11,7 +11,8 @@ token, 16 KB moved; for kv [t, 512]: 8 tokens) and does two things:
 
     even 2k: a * c_k - b * s_k        odd 2k+1: a * s_k + b * c_k        (a, b) = (x[2k], x[2k+1])
 
-  (s_k negated for `inverse`).
+  (s_k negated for `inverse`). Inputs of at most 16M elements (kv) issue these loads before the copy
+  (EARLY_ROT, see `_rope_kernel`), larger ones (q) after it: the H200 measurements in SMALL_ELEMS' comment.
 
 The launch turns Triton's fp fusion off (`enable_fp_fusion=False`): by default the compiler contracts
 `a * c - b * s` into one FMA, which rounds once where the reference (torch eager: a mul, a mul, an add) rounds
@@ -40,6 +41,8 @@ TILE_ELEMS = 4096  # most elements of one [BLOCK_M, BLOCK_C] copy tile (8 KB of 
 TARGET_PROGRAMS = 512  # shrink BLOCK_M (down to 1) until the grid has about this many programs
 # Inputs up to SMALL_ELEMS elements (kv [16384, 512]: 8M) take at most SMALL_BLOCK_M rows per program: H200
 # round 1, kv: 2 rows / 2 warps 1.06x over 8 / 8 (finer tail on a launch-bound 16 MB op); q keeps 8 / 8.
+# They also issue the rotate loads first (EARLY_ROT): H200 sessions 3 and 4, kv [16384, 512]: 1.10x / 1.10x over
+# the late loads; q [16384, 64, 512] (large, 8 / 8): 0.995x / 0.996x, so large inputs keep the late loads.
 SMALL_ELEMS = 1 << 24
 SMALL_BLOCK_M = 2
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -134,6 +137,11 @@ def _blocks(rows: int, d: int, rope_dim: int) -> tuple[int, int, int, int]:
     return bm, bc, br, max(1, min(8, bm * bc // 512))
 
 
+def _early_rotate(rows: int, d: int) -> bool:
+    """Default EARLY_ROT: on for inputs of at most SMALL_ELEMS elements (the kv path), off above (q)."""
+    return rows * d <= SMALL_ELEMS
+
+
 def apply_rope_interleaved_triton(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -144,7 +152,7 @@ def apply_rope_interleaved_triton(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
-    early_rotate: bool = False,
+    early_rotate: bool | None = None,
 ) -> torch.Tensor:
     """Rotate the last `rope_dim` dims of x by interleaved pairs, same contract as `ref.rope.apply_rope_interleaved`.
 
@@ -154,7 +162,8 @@ def apply_rope_interleaved_triton(
     Returns a new tensor of x's shape and dtype (contiguous): the first d - rope_dim dims copied, the rest
     rotated in fp32. With `out` (contiguous, x's shape and dtype, not sharing x's storage) the result is
     written there. Shape checks only, no host sync. block_m / num_warps: benchmark configs (rows per program, a
-    power of two, and warps; None: `_blocks`' choice); early_rotate: the kernel's EARLY_ROT (a benchmark config).
+    power of two, and warps; None: `_blocks`' choice); early_rotate: the kernel's EARLY_ROT (None: on for inputs of
+    at most SMALL_ELEMS elements, `_early_rotate`; True / False: the benchmark configs early_rot / late_rot).
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES:
         raise TypeError(f"x must be a fp32/bf16/fp16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
@@ -208,7 +217,7 @@ def apply_rope_interleaved_triton(
         BLOCK_M=bm,
         BLOCK_C=bc,
         BLOCK_R=br,
-        EARLY_ROT=bool(early_rotate),
+        EARLY_ROT=_early_rotate(t * m, d) if early_rotate is None else bool(early_rotate),
         num_warps=warps,
         enable_fp_fusion=False,  # no FMA: round like the reference (module docstring)
     )
