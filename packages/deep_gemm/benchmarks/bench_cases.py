@@ -231,7 +231,8 @@ def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor
 # decode default) for the 64-tokens-per-expert case; W4A8 likewise (the prefill sweep's fastest tile).
 W4A16_SWEEP = {**SWEEP, "mid": (MID, SWEEP["decode"][0])}
 W4A8_SWEEP_ALL = {**W4A8_SWEEP, "mid": (W4A8Config(64, 128, num_warps=8, num_stages=3),)}
-# CUDA W4A16 kernel (kernel 4) variants timed per regime: tokens-per-block 8 and 16 for decode, 32 and 64 for mid.
+# CUDA W4A16 kernel (kernel 4) variants timed per regime: tokens-per-block 8 and 16 for decode, 32 and 64 for mid;
+# the persistent kernel 5 (`...cp`, CUDA_P_SWEEP: 8 and 16 only) next to them on the decode cases.
 CUDA_TN = {"decode": (8, 16), "mid": (32, 64), "prefill": ()}
 
 
@@ -256,11 +257,19 @@ def _w4a16_impl_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.T
     return run
 
 
+def _w4a16_p_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, cfg: W4A16Config):
+    """The persistent CUDA W4A16 kernel (kernel 5, prepared in session 4) called directly: the API routes only
+    kernel-4 configs to CUDA."""
+    from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu
+
+    return lambda: cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, w[0], w[1], offs, out, cfg)
+
+
 def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
     """The CUDA W4A16 kernel per variant of CUDA_TN[regime] and the API's auto choice (only where `_C` has the
     kernel and the operands are on CUDA: elsewhere the rows would only repeat the Triton ones)."""
     from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu
-    from deepinfer.deep_gemm.backends.cuda.w4a16_configs import cuda_config
+    from deepinfer.deep_gemm.backends.cuda.w4a16_configs import CUDA_P_SWEEP, cuda_config
 
     if not (a.is_cuda and cu.available()):
         return {}, {}
@@ -268,6 +277,9 @@ def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Ca
     for tn in CUDA_TN.get(regime, ()):
         for cfg in CUDA_SWEEP[tn]:
             impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_call(a, w, offs, out, cfg)
+            config[f"dg_w4a16[{cfg.name}]"] = cfg.name
+        for cfg in CUDA_P_SWEEP.get(tn, ()) if cu.available_p() else ():  # kernel 5 next to kernel 4 (not the API's)
+            impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_p_call(a, w, offs, out, cfg)
             config[f"dg_w4a16[{cfg.name}]"] = cfg.name
     if CUDA_TN.get(regime):
         impls["dg_w4a16[auto]"] = _w4a16_impl_call(a, w, offs, out, "auto")

@@ -5,7 +5,8 @@ std::thread per CUDA thread, block / warp barriers, mma.sync fragment exchange, 
 wait_group) vs the reference; the variant lists in sync; the config rule; the wrapper and the API without `_C`;
 an sm_90a nvcc compile check (registers, spills) when nvcc is present. `gpu`: every compiled variant vs the
 reference on ragged / empty / odd shapes and a V4 shape, bit-exact dequantisation, all-empty, CUDA-graph replay,
-the API's impl choice.
+the API's impl choice. The same for kernel 5, the persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, called
+through `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; prepared in session 4, not GPU-run yet).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _CSRC = _HERE.parent / "csrc/cuda"
 _EMU = _HERE / "fp4_emu"
 ALL_CUDA = [cfgs.W4A16Config(t, w * r * 16, 256, w, s, kernel=4) for t, w, r, s in cfgs.CUDA_VARIANTS]
+ALL_CUDA_P = [cfgs.W4A16Config(t, w * r * 16, kt, w, s, kernel=5) for kt, t, w, r, s in cfgs.CUDA_P_VARIANTS]
 
 
 def _cfg(tn: int, warps: int, rt: int, stages: int) -> cfgs.W4A16Config:
@@ -69,7 +71,7 @@ def _exact64(a, packed, scales, counts: list[int]) -> tuple[torch.Tensor, torch.
     return val, mag
 
 
-def _one_hot_case(sb=(2, 252)) -> tuple:
+def _one_hot_case(sb: tuple[int, int] = (2, 252)) -> tuple:
     """a = identity rows per group (out[start + j] = W_i[:, j]), scale bytes over `sb` (both ends present): the
     output is the dequantised weight itself, exactly. Range [2, 252]: every product stays a normal number."""
     k, n, g = 256, 64, 2
@@ -77,7 +79,8 @@ def _one_hot_case(sb=(2, 252)) -> tuple:
     packed = torch.randint(0, 256, (g, n, k // 2), generator=gen_, dtype=torch.int32).to(torch.uint8)
     scales = torch.randint(sb[0], sb[1] + 1, (g, n, k // 32), generator=gen_, dtype=torch.int32).to(torch.uint8)
     scales[0, 0, :2] = torch.tensor(sb, dtype=torch.uint8)
-    scales[1, 5, 3:5] = torch.tensor([128, 129], dtype=torch.uint8)  # the two sides of the one-multiply limit
+    if sb[1] > 128:
+        scales[1, 5, 3:5] = torch.tensor([128, 129], dtype=torch.uint8)  # the two sides of the one-multiply limit
     a = torch.eye(k, dtype=torch.bfloat16).repeat(g, 1)
     offs = torch.tensor([k, 2 * k], dtype=torch.int32)
     w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
@@ -354,3 +357,218 @@ def test_gpu_api_impl_choice(impl: str, monkeypatch: pytest.MonkeyPatch) -> None
     assert not cu.applies(a_odd, packed, scales)
     got_odd = gemm(a_odd, (packed, scales), offs)
     assert calc_diff(got_odd[:rows], want[:rows]) < 1e-5
+
+
+# ---------------------------------------------------------------- kernel 5 (persistent variant, not GPU-run yet)
+
+
+def _run_emu_p(lib: ctypes.CDLL, cfg: cfgs.W4A16Config, a, packed, scales, offs, out, late: bool, grid: int) -> None:
+    m, k = a.shape
+    g, n, _ = packed.shape
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    rc = lib.emu_w4a16_p(*cfgs.cuda_p_variant(cfg), ptr(a), ptr(packed), ptr(scales), ptr(offs), ptr(out), m, n, k,
+                         g, int(late), grid)  # fmt: skip
+    assert rc == 0, f"emulator has no persistent variant {cfg.name}"
+
+
+def _cp(kt: int, tn: int, warps: int, rt: int, stages: int) -> cfgs.W4A16Config:
+    """The kernel-5 config of one compiled persistent variant."""
+    return cfgs.W4A16Config(tn, warps * rt * 16, kt, warps, stages, kernel=5)
+
+
+# (config, cp.async landing, counts, n, k, CTAs): more work items than CTAs (each CTA strides), idle CTAs, empty
+# experts first / last, token blocks (counts > tn), n not a multiple of the CTA's rows, k tails of both stage sizes
+# (k = 128 is less than one 512-k stage)
+EMU_P_CASES = [
+    (_cp(256, 8, 4, 1, 4), True, [3, 0, 11, 5], 48, 384, 2),
+    (_cp(512, 8, 4, 1, 2), False, [0, 9, 1, 0, 2], 160, 640, 3),
+    (_cp(512, 8, 8, 1, 2), True, [4, 0, 7], 80, 128, 1),
+    (_cp(256, 8, 4, 2, 3), True, [0, 17, 2], 144, 384, 2),
+    (_cp(512, 8, 4, 2, 2), False, [5, 0, 3], 48, 512, 1),
+    (_cp(256, 8, 4, 1, 3), True, [9, 0, 0, 1], 64, 256, 5),
+    (_cp(256, 16, 4, 1, 4), True, [0, 33, 2], 48, 384, 2),
+    (_cp(512, 16, 4, 1, 2), False, [17, 5, 0], 64, 1024, 1),
+]
+
+
+@pytest.mark.parametrize(("cfg", "late", "counts", "n", "k", "grid"), EMU_P_CASES,
+                         ids=lambda v: getattr(v, "name", None))  # fmt: skip
+def test_emu_p_vs_float64(emu, cfg, late: bool, counts: list[int], n: int, k: int, grid: int) -> None:
+    a, packed, scales, offs = _operands(counts, n, k, gen(sum(counts) + n + k + 1), sb=(100, 140))  # both paths
+    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16)
+    _run_emu_p(emu, cfg, a, packed, scales, offs, out, late, grid)
+    rows = sum(counts)
+    val, mag = _exact64(a, packed, scales, counts)
+    assert_gemm_close(out[:rows], val, mag, k)  # fp32 accumulation + one RTNE bf16 rounding
+    assert out[rows:].isnan().all(), "rows past offs[-1] must stay untouched"
+
+
+@pytest.mark.parametrize("sb", [(2, 252), (2, 128)], ids=["with_big_scales", "fast_path_only"])
+@pytest.mark.parametrize("cfg", [_cp(256, 8, 4, 1, 4), _cp(256, 8, 4, 2, 3)], ids=lambda c: c.name)
+def test_emu_p_dequant_bit_exact(emu, cfg: cfgs.W4A16Config, sb: tuple[int, int]) -> None:
+    """One-hot rows: the output is the dequantised weight, exactly, on the warp-uniform fast path (every scale byte
+    <= 128) and on the path with the second multiply."""
+    a, packed, scales, offs, want = _one_hot_case(sb)
+    out = torch.empty(a.shape[0], packed.shape[1], dtype=torch.bfloat16)
+    _run_emu_p(emu, cfg, a, packed, scales, offs, out, late=True, grid=3)
+    assert torch.equal(out.double(), want)
+
+
+def test_emu_p_all_empty(emu) -> None:
+    a, packed, scales, offs = _operands([0, 0, 0], 64, 256, gen(5), extra_rows=5)
+    out = torch.full((5, 64), NAN, dtype=torch.bfloat16)
+    _run_emu_p(emu, ALL_CUDA_P[0], a, packed, scales, offs, out, late=False, grid=2)
+    assert out.isnan().all()
+
+
+def test_p_variant_lists_in_sync() -> None:
+    """CUDA_P_VARIANTS == the .cu's kPEntries == the emulator driver's persistent cases (same order)."""
+    pat = r"DG_FP4_{}\((\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)"
+    cu_src = (_CSRC / "dg_fp4_persistent.cu").read_text()
+    drv = (_EMU / "emu_driver.cpp").read_text()
+    from_cu = [tuple(map(int, t)) for t in re.findall(pat.format("PVARIANT"), cu_src)]
+    from_emu = [tuple(map(int, t)) for t in re.findall(pat.format("EMU_PCASE"), drv)]
+    assert from_cu == list(cfgs.CUDA_P_VARIANTS) == from_emu
+
+
+def test_p_config_names() -> None:
+    for cfg in ALL_CUDA_P:
+        assert cfgs.parse_config(cfg.name) == cfg and cfg.name.endswith("cp") and cfg.kernel == 5
+    assert [c.name for c in cfgs.CUDA_P_SWEEP[8] + cfgs.CUDA_P_SWEEP[16]] == list(cfgs.CUDA_P_NAMES)
+    with pytest.raises(ValueError, match="kernel 5"):
+        cfgs.W4A16Config(8, 64, 512, num_warps=4, num_stages=4, kernel=5)  # not compiled
+    assert cfgs.parse_config("m8n64k256w4s4cu").kernel == 4  # kernel 4's names are unchanged
+
+
+def test_p_wrapper_without_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cu, "_module", lambda: None)
+    a, packed, scales, offs = _operands([2, 1], 64, 256, gen(1))
+    assert not cu.available_p() and cu.compiled_p_variants() == ()
+    with pytest.raises(RuntimeError, match="DEEPINFER_DEVICE=cuda"):
+        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, None, ALL_CUDA_P[0])
+    with pytest.raises(ValueError, match="kernel-5"):
+        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, None, ALL_CUDA[0])
+    with pytest.raises(ValueError, match="offs"):
+        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs.long(), None, ALL_CUDA_P[0])
+
+
+def test_p_sm90_compile() -> None:
+    """The first persistent variant (every one with DEEPINFER_DG_NVCC_ALL=1) compiles for sm_90a with nvcc 13
+    without spills (skipped without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    every = os.environ.get("DEEPINFER_DG_NVCC_ALL") == "1"
+    src = str(_CSRC / "dg_fp4_persistent.cu")
+    cmd = [nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c", src, "-o",
+           os.devnull, *([] if every else ["-DDG_FP4_ONLY_FIRST"])]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    kernels = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
+    want = len(cfgs.CUDA_P_VARIANTS) if every else 1
+    assert len(kernels) == want and len(regs) == len(kernels), res.stderr[-2000:]
+    assert max(spills) == 0 and max(regs) <= 255, res.stderr[-3000:]
+
+
+needs_p_kernel = pytest.mark.skipif(not cu.available_p(), reason="_C built without the persistent FP4 kernel")
+
+
+def _p_gemm(a, packed, scales, offs, out, cfg: cfgs.W4A16Config) -> torch.Tensor:
+    return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, out, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_p_compiled_variants() -> None:
+    """The built `_C` has exactly CUDA_P_VARIANTS (a stale build fails here first)."""
+    assert cu.available_p(), "deep_gemm._C lacks fp4_w4a16_p_grouped: rebuild with DEEPINFER_DEVICE=cuda"
+    assert cu.compiled_p_variants() == tuple(cfgs.CUDA_P_VARIANTS)
+
+
+@pytest.mark.gpu
+@needs_p_kernel
+@pytest.mark.parametrize("cfg", ALL_CUDA_P, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", list(GPU_CASES), ids=str)
+def test_gpu_p_vs_float64(cfg: cfgs.W4A16Config, case: str) -> None:
+    counts, n, k = GPU_CASES[case]
+    a, packed, scales, offs = _operands(counts, n, k, gen(len(case) + n + k), sb=(100, 140))
+    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16, device="cuda")
+    got = _p_gemm(*_gpu(a, packed, scales, offs), out, cfg)
+    torch.cuda.synchronize()
+    rows = sum(counts)
+    val, mag = _exact64(a, packed, scales, counts)
+    try:
+        assert_gemm_close(got[:rows].cpu(), val, mag, k)
+    except AssertionError as exc:
+        d = calc_diff(got[:rows].cpu(), val)
+        raise AssertionError(f"{cfg.name} {case}: calc_diff {d:.3e}; {exc}") from exc
+    assert got[rows:].isnan().all(), f"{cfg.name} {case}: rows past offs[-1] were written"
+
+
+@pytest.mark.gpu
+@needs_p_kernel
+@pytest.mark.parametrize("cfg", ALL_CUDA_P, ids=lambda c: c.name)
+@pytest.mark.parametrize("nk", [(4096, 4096), (4096, 2048)], ids=["gate_up", "down"])
+def test_gpu_p_v4_shapes(cfg: cfgs.W4A16Config, nk: tuple[int, int]) -> None:
+    """V4 expert shapes over 64 experts, 12 of them with 1..2 x tn rows (random; the rest empty, and more work
+    items than CTAs): vs the reference on the GPU (fp32) and close to kernel 4's default variant. Operands are
+    drawn on the GPU (64 x 4096 x 2048 bytes of weights)."""
+    n, k = nk
+    g, active = 64, 12
+    cpu = gen(n + k + cfg.block_m)
+    counts = torch.zeros(g, dtype=torch.int64)
+    counts[torch.randperm(g, generator=cpu)[:active]] = torch.randint(1, 2 * cfg.block_m + 1, (active,), generator=cpu)
+    counts = counts.tolist()
+    dev = torch.Generator(device="cuda").manual_seed(n + k)
+    m = sum(counts) + 3
+    a = torch.randn((m, k), generator=dev, device="cuda").to(torch.bfloat16)
+    packed = torch.randint(0, 256, (g, n, k // 2), generator=dev, device="cuda", dtype=torch.uint8)
+    scales = torch.randint(118, 131, (g, n, k // 32), generator=dev, device="cuda", dtype=torch.uint8)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    out = torch.full((m, n), NAN, dtype=torch.bfloat16, device="cuda")
+    _p_gemm(a, packed, scales, offs, out, cfg)
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
+    k4 = gemm(a, (packed, scales), offs, config=_cfg(8, 4, 1, 4))
+    rows = sum(counts)
+    d, d4 = calc_diff(out[:rows], want[:rows]), calc_diff(out[:rows], k4[:rows])
+    assert d < 1e-5 and d4 < 1e-5, f"{cfg.name} n={n} k={k}: calc_diff {d:.3e} vs reference, {d4:.3e} vs kernel 4"
+    assert out[rows:].isnan().all()
+
+
+@pytest.mark.gpu
+@needs_p_kernel
+@pytest.mark.parametrize("sb", [(2, 252), (2, 128)], ids=["with_big_scales", "fast_path_only"])
+@pytest.mark.parametrize("cfg", [_cp(256, 8, 4, 1, 4), _cp(512, 8, 4, 1, 2), _cp(256, 8, 4, 2, 3)],
+                         ids=lambda c: c.name)  # fmt: skip
+def test_gpu_p_dequant_bit_exact(cfg: cfgs.W4A16Config, sb: tuple[int, int]) -> None:
+    a, packed, scales, offs, want = _one_hot_case(sb)
+    out = _p_gemm(*_gpu(a, packed, scales, offs), None, cfg)
+    diff = (out.double().cpu() - want).abs()
+    assert torch.equal(out.double().cpu(), want), f"{cfg.name}: {int((diff > 0).sum())} weights differ"
+
+
+@pytest.mark.gpu
+@needs_p_kernel
+def test_gpu_p_all_empty_and_graph_replay() -> None:
+    """All-empty groups write nothing; a captured launch replayed with new offs follows them (no host read)."""
+    cfg = ALL_CUDA_P[0]
+    a, packed, scales, offs = _gpu(*_operands([0, 0, 0], 64, 256, gen(11), extra_rows=5))
+    out = torch.full((5, 64), NAN, dtype=torch.bfloat16, device="cuda")
+    _p_gemm(a, packed, scales, offs, out, cfg)
+    torch.cuda.synchronize()
+    assert out.isnan().all()
+    a, packed, scales, _ = _gpu(*_operands([4, 4, 4, 4], 256, 512, gen(23), extra_rows=0))
+    offs = torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="cuda")
+    out = torch.full((16, 256), NAN, dtype=torch.bfloat16, device="cuda")
+    _p_gemm(a, packed, scales, offs, out, cfg)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _p_gemm(a, packed, scales, offs, out, cfg)
+    offs.copy_(torch.tensor([0, 1, 1, 9], dtype=torch.int32))  # groups 0 and 2 empty; rows 9.. untouched
+    out.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
+    assert calc_diff(out[:9], want[:9]) < 1e-5
+    assert out[9:].isnan().all()

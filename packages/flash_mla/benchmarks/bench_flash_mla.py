@@ -21,10 +21,11 @@ chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `def
 _C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), the CUDA
 kernel's small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge of the split partials
 pdl / last CTA; plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the
-token one wave ahead), the warp-specialised kernel `cuda_ws[_fp8]` / `cuda_ws2[_fp8]` (cuda_ws_decode.py, two
-variants; `_s<n>` forced splits; at b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations
-`cuda_ws[2]_abl_<mode>[_fp8]`, modes producer / consumer / no_xchg / qk_only / pv_only / no_softmax, WRONG numbers by
-design: where the time goes), `legacy`
+token one wave ahead), the warp-specialised kernel `cuda_ws[_fp8]` / `cuda_ws2[_fp8]` / `cuda_ws3[_fp8]`
+(cuda_ws_decode.py, three variants; ws3 = fm_ws3_decode.cu, 64-row tiles; `_s<n>` forced splits; at b = 128 s_q = 2
+(every variant) and prefill t = 4,096 (ws3 only) also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`, modes
+producer / consumer (all) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by design: where the
+time goes), `legacy`
 (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32 softmax, BF16 cache); "x split (same
 cache)" is the speed-up over `split` / `split_fp8` (the Triton kernel). `split_s<n>` name no kernel: they run the
 API default (the CUDA kernel when _C is built).
@@ -146,18 +147,21 @@ def _raise(why: str):  # noqa: ANN202
     raise RuntimeError(why)
 
 
-def _ws_impls(fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablations: bool) -> dict:
-    """`cuda_ws` / `cuda_ws_fp8` and `cuda_ws2` / `cuda_ws2_fp8`: the warp-specialised kernel's variants
-    (cuda_ws_decode.py, csrc/cuda/fm_ws_decode.cu) with the serial kernel's split plan, next to `cuda` / `cuda_fp8`,
-    plus `cuda_ws[2][_fp8]_s<n>` forced split counts and, with `ablations`, the timing-only modes
-    `cuda_ws[2]_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes). Raisers when a probe failed (a fault
-    would end this process's CUDA context); without _C.sparse_decode_ws every call records the wrapper's ValueError."""
+def _ws_impls(fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablated: tuple[str, ...]) -> dict:
+    """`cuda_ws` / `cuda_ws_fp8`, `cuda_ws2` / `cuda_ws2_fp8` and `cuda_ws3` / `cuda_ws3_fp8`: the warp-specialised
+    kernel's variants (cuda_ws_decode.py; csrc/cuda/fm_ws_decode.cu, fm_ws3_decode.cu) with the serial kernel's split
+    plan, next to `cuda` / `cuda_fp8`, plus `cuda_ws<v>[_fp8]_s<n>` forced split counts and, for the variants in
+    `ablated`, their timing-only modes `cuda_ws<v>_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes).
+    Raisers when a probe failed (a fault would end this process's CUDA context); without _C.sparse_decode_ws every
+    call records the wrapper's ValueError."""
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
 
     fns, probe_of = {}, {}
     for variant in ws.VARIANTS:
-        modes = [m for m in ws.ABLATIONS if m != "full"] if ablations else []
-        for n, mode in [(None, "full")] + [(n, "full") for n in splits] + [(None, m) for m in modes]:
+        modes = [m for m in ws.ablations_of(variant) if m != "full"] if variant in ablated else []
+        # forced counts in 32-row tiles; ws3 (64-row tiles) gets the counts with the same rows per split
+        v_splits = [n * ws.KERNEL_ROWS // ws.block_rows(variant) for n in splits]
+        for n, mode in [(None, "full")] + [(n, "full") for n in v_splits] + [(None, m) for m in modes]:
             base = f"cuda_{variant}" + (f"_s{n}" if n else "") + ("" if mode == "full" else f"_abl_{mode}")
             kw = dict(num_splits=n, variant=variant, ablation=mode)
             fns[base] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, c, i, s, SCALE, **kw)
@@ -180,7 +184,8 @@ def _ws_impls(fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablations
 
 
 def _ws_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
-    """Forced split counts of the warp-specialised kernel (32-row tiles: up to 20 splits at 640 indices)."""
+    """Forced split counts of the warp-specialised kernel (32-row tiles: up to 20 splits at 640 indices; ws3 runs half
+    as many splits of 64-row tiles: the same rows per split)."""
     if (op, b, s_q) in (("decode", 2, 2), ("decode", 1, 1)):
         return (10, 20)
     return (130, 260) if (op, b, s_q) == ("decode_hca1m", 1, 1) else ()
@@ -294,7 +299,9 @@ def run_case(
     variants += [] if cfg["smoke"] else _cuda_plan_variants(op, b, s_q)  # no compiles: always
     impls = extra_impls or _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"])
     if extra is None and not cfg["smoke"]:  # the warp-specialised kernel next to `cuda` / `cuda_fp8`
-        abl = (op, b, s_q) in (("decode", 128, 2), ("prefill", 4096, 1))  # the ablation rows: where the time goes
+        # the ablation rows (where the time goes): every variant at b = 128 s_q = 2; at prefill t = 4,096 only ws3
+        # (ws / ws2's prefill ablations were measured in session 4: their time goes to the ws3 rows)
+        abl = {("decode", 128, 2): ("ws", "ws2", "ws3"), ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
         impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl))
     if variants and ((op, b, s_q) == ("decode", 128, 2) or (cfg["smoke"] and op == "decode")):
         impls.update(_l2_hot(impls, idx2))
@@ -325,7 +332,8 @@ def run_case(
     return recs
 
 
-_L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8")
+_L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8",
+          "cuda_ws3", "cuda_ws3_fp8")  # fmt: skip
 
 
 def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:

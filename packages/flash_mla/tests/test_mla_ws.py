@@ -1,4 +1,5 @@
-"""The warp-specialised sm_90a kernel (`csrc/cuda/fm_ws_decode.cu`, `backends/cuda/cuda_ws_decode.py`).
+"""The warp-specialised sm_90a kernels (`csrc/cuda/fm_ws_decode.cu`: ws / ws2, `csrc/cuda/fm_ws3_decode.cu`: ws3;
+`backends/cuda/cuda_ws_decode.py`). Every GPU test runs every variant (`VARIANTS`).
 
 CPU: the source compiles for sm_90a without spills and without serialised wgmma (when nvcc is on PATH), the split plan,
 clean errors without `_C` / a GPU, the probe's own check logic with stand-in kernels.
@@ -76,6 +77,30 @@ def test_ws_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> 
     assert "C7508" not in out, "ptxas ignored setmaxnreg"
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_ws3_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
+    """ws3's 6 instances (BF16 / FP8 cache x the kernel + 2 timing ablations) assemble for sm_90a: no stack, no spills
+    (the producer's 88-register setmaxnreg region holds an FP8 batch of 48 registers across the stage wait), exactly 168
+    registers at 384 threads, and ptxas neither serialises the wgmma pipeline nor ignores setmaxnreg."""
+    proc = subprocess.run(
+        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
+         str(_SRC / "fm_ws3_decode.cu"), "-o", str(tmp_path / "ws3.o")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
+    print(out)
+    assert len(props) == 6 and len(regs) == 6, out[-2000:]
+    assert all(p == ("0", "0", "0") for p in props), props
+    # exactly 168: the .cu's static_assert (128 x 88 + 256 x 208 = 384 x 168) assumes the launch allocates 168, and
+    # setmaxnreg.inc would wait forever for registers that .dec never freed if ptxas allocated fewer
+    assert regs == [168] * 6, regs
+    assert "serialized" not in out, "ptxas serialised the wgmma instructions"
+    assert "C7508" not in out, "ptxas ignored setmaxnreg"
+
+
 def test_ws_split_plan() -> None:
     """Auto: the serial kernel's 64-row plan in 32-row tiles (same splits); forced counts clamp to the 32-row tiles;
     no split is ever empty; topk = 0 is one split of nothing."""
@@ -92,6 +117,27 @@ def test_ws_split_plan() -> None:
                 assert per >= 1 and (splits - 1) * per < tiles <= splits * per, (topk, t, forced, splits, per)
                 if forced is None:
                     assert splits == _K.plan_num_splits(t, 1, -(-topk // 64), 132), (topk, t)
+
+
+def test_ws3_split_plan() -> None:
+    """ws3 plans in its own 64-row tiles: the serial kernel's plan exactly (same splits, same tiles per split); forced
+    counts clamp to the 64-row tiles; no split is empty; a tile size that does not divide 64 is refused."""
+    rows = _WS.block_rows("ws3")
+    assert rows == 64 and _WS.block_rows("ws2") == 32 and _WS.block_rows("ws") == 32
+    assert _WS.split_plan(1, 64, 640, 132, None, rows) == (5, 2)
+    assert _WS.split_plan(256, 64, 640, 132, None, rows) == (1, 10)
+    assert _WS.split_plan(1, 64, 640, 132, 20, rows) == (10, 1)
+    assert _WS.split_plan(1, 64, 0, 132, None, rows) == (1, 0)
+    for topk in (1, 63, 64, 65, 600, 640, 8320):
+        for t in (1, 4, 64, 300):
+            for forced in (None, 1, 3, 1000):
+                splits, per = _WS.split_plan(t, 64, topk, 132, forced, rows)
+                tiles = -(-topk // 64)
+                assert per >= 1 and (splits - 1) * per < tiles <= splits * per, (topk, t, forced, splits, per)
+                if forced is None:
+                    assert splits == _K.plan_num_splits(t, 1, tiles, 132) and per == -(-tiles // splits), (topk, t)
+    with pytest.raises(ValueError, match="rows"):
+        _WS.split_plan(1, 64, 640, 132, None, 48)
 
 
 def test_ws_clean_errors_without_kernel() -> None:
@@ -112,12 +158,62 @@ def test_ws_variant_and_ablation_names_checked() -> None:
     q = torch.randn(2, 64, 512).bfloat16()
     kv = torch.randn(100, 512).bfloat16()
     idx = torch.zeros(2, 8, dtype=torch.int32)
-    with pytest.raises(ValueError, match="'ws3'"):
-        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3")
+    with pytest.raises(ValueError, match="'ws4'"):
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws4")
     with pytest.raises(ValueError, match="'qk'"):
         _WS.sparse_attn_ws(q, kv, idx, None, SCALE, ablation="qk")
-    assert _WS.VARIANTS == {"ws": 1, "ws2": 2}
+    with pytest.raises(ValueError, match="'no_xchg'"):  # ws3 has the producer / consumer ablations only
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3", ablation="no_xchg")
+    assert _WS.VARIANTS == {"ws": 1, "ws2": 2, "ws3": 3}
     assert sorted(_WS.ABLATIONS.values()) == list(range(7)) and _WS.ABLATIONS["full"] == 0
+    assert _WS.ablations_of("ws3") == ("full", "producer", "consumer")
+    assert _WS.ablations_of("ws2") == tuple(_WS.ABLATIONS)
+    assert [_WS.ABLATIONS[a] for a in _WS.ablations_of("ws3")] == [0, 1, 2]  # fm_ws3_decode.cu Mode
+
+
+class _FakeC:
+    """Stand-in for `_C` (CPU): records the sparse_decode_ws arguments; `old` drops ws3 (a _C built before ws3)."""
+
+    def __init__(self, old: bool = False) -> None:
+        self.calls: list[tuple] = []
+        if not old:
+            self.ws3_block_rows = lambda: 64
+
+    def ws_block_rows(self) -> int:
+        return 32
+
+    def sparse_decode_ws(self, *args) -> None:  # noqa: ANN002
+        self.calls.append(args)
+
+
+def test_ws3_wrapper_passes_variant_3_and_64_row_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `sparse_attn_ws` hands the binding for ws3 (a stand-in `_C` on the CPU): variant code 3, the ablation's
+    mode, the split plan in 64-row tiles (640 indices, 1 token: 5 splits of 2 tiles; 256 tokens: 1 split of 10); ws2
+    still gets 32-row tiles. A `_C` without ws3 is a RuntimeError that says to rebuild, before any launch."""
+    fake = _FakeC()
+    monkeypatch.setattr(_WS, "_module", lambda: fake)
+    monkeypatch.setattr(_WS, "supports", lambda q, kv: None)
+    monkeypatch.setattr(_WS, "combine_splits", lambda *a, **k: None)
+    monkeypatch.setattr(_WS.torch.cuda, "current_stream", lambda dev=None: type("S", (), {"cuda_stream": 7})())
+    kv = torch.randn(2048, 512).bfloat16()
+    for t, variant, ablation, want in [
+        (1, "ws3", "full", (5, 2)),
+        (256, "ws3", "consumer", (1, 10)),
+        (2, "ws3", "producer", (5, 2)),
+        (1, "ws2", "full", (5, 4)),
+    ]:
+        q = torch.randn(t, 64, 512).bfloat16()
+        idx = torch.randint(0, 2048, (t, 640), dtype=torch.int32)
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant=variant, ablation=ablation)
+        args = fake.calls[-1]
+        # (..., num_tokens, H, topk, num_splits, tiles_per_split, ..., fp8, variant, mode, stream)
+        assert args[8:13] == (t, 64, 640) + want, (variant, t, args[8:13])
+        assert args[-4:] == (False, _WS.VARIANTS[variant], _WS.ABLATIONS[ablation], 7), args[-4:]
+    monkeypatch.setattr(_WS, "_module", lambda: _FakeC(old=True))
+    n = len(fake.calls)
+    with pytest.raises(RuntimeError, match="rebuild"):
+        _WS.sparse_attn_ws(torch.randn(1, 64, 512).bfloat16(), kv, idx[:1], None, SCALE, variant="ws3")
+    assert len(fake.calls) == n
 
 
 def test_ws_self_check_logic_with_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,6 +249,9 @@ def test_ws_extension_built_gpu() -> None:
     print("ws smem bytes", mod.ws_smem_bytes(False), mod.ws_smem_bytes(True), "block rows", mod.ws_block_rows())
     assert max(mod.ws_smem_bytes(False), mod.ws_smem_bytes(True)) <= 227 * 1024
     assert mod.ws_block_rows() == _WS.KERNEL_ROWS
+    print("ws3 smem bytes", mod.ws3_smem_bytes(False), mod.ws3_smem_bytes(True), "threads", mod.ws3_threads(True))
+    assert max(mod.ws3_smem_bytes(False), mod.ws3_smem_bytes(True)) <= 227 * 1024
+    assert mod.ws3_block_rows() == _WS.WS3_ROWS and mod.ws3_threads(False) == mod.ws3_threads(True) == 384
 
 
 @gpu
@@ -171,7 +270,7 @@ def test_ws_probe_gpu(variant: str) -> None:
 @needs_ws
 @pytest.mark.gpu
 def test_ws_ablations_run_gpu() -> None:
-    """Every timing-only ablation of both variants (both caches, split and unsplit plans) finishes in a child process:
+    """Every timing-only ablation of every variant (both caches, split and unsplit plans) finishes in a child process:
     no fault, no hang (the benchmark times them). Their numbers are wrong by design and not checked."""
     ok, out = _WS.probe_ablations()
     print(out)
@@ -219,8 +318,8 @@ def test_ws_v4_shapes_gpu(t: int, fp8: bool, sink_mode: str, variant: str) -> No
 @pytest.mark.parametrize("splits", [1, 3, 7, 20])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_ws_split_counts_gpu(splits: int, fp8: bool, variant: str) -> None:
-    """Forced split counts over 20 tiles of 32 rows: 1 (out / lse by the kernel), 3 (7 + 7 + 6), 7 (uneven), 20 (one
-    tile each: the ring never fills)."""
+    """Forced split counts over 20 tiles of 32 rows (ws3: 10 of 64, 20 clamps to 10): 1 (out / lse by the kernel), 3
+    (7 + 7 + 6), 7 (uneven), 20 (one tile each: the ring never fills)."""
     _probed(variant)
     q, caches, lists, sink = _v4_inputs(False, "random", 901 + splits + 7 * fp8)
     q, lists = q[:8], [i[:8] for i in lists]

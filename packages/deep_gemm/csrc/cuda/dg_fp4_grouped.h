@@ -30,4 +30,23 @@ int w4a16_grouped_launch(int tn, int warps, int rt, int stages, std::uintptr_t a
 // The message of the last failed launch.
 std::string w4a16_error_string();
 
+// ---- kernel 5 (dg_fp4_persistent.cu / .cuh): persistent grid over (active expert, n slab), KT k per stage ----
+struct W4A16PVariant {
+  int kt, tn, warps, rt, stages;
+};
+
+// The compiled persistent variants, in a fixed order.
+const std::vector<W4A16PVariant>& w4a16_p_variants();
+
+// Dynamic shared memory bytes a persistent variant asks for with g groups (-1: not compiled).
+int w4a16_p_smem_bytes(int kt, int tn, int warps, int rt, int stages, int g);
+
+// Same contract as w4a16_grouped_launch (k % 128 == 0; the k tail of a KT = 512 stage is zero-filled).
+int w4a16_p_grouped_launch(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
+                           std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
+                           std::uintptr_t stream);
+
+// The message of the last failed persistent launch.
+std::string w4a16_p_error_string();
+
 }  // namespace dg_fp4

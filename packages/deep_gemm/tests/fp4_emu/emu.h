@@ -17,6 +17,7 @@
 #include <vector>
 
 #define __device__
+#define __host__
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
@@ -27,6 +28,7 @@ struct EmuDim {
 };
 inline thread_local EmuDim threadIdx{0, 0, 0};
 inline thread_local EmuDim blockIdx{0, 0, 0};
+inline thread_local EmuDim gridDim{1, 1, 1};
 struct uint4 {
   uint32_t x, y, z, w;
 };
@@ -46,6 +48,7 @@ struct Lane {
   float c[4];
 };
 inline Lane lanes[1024];
+inline int votes[1024];
 struct Copy {
   uint32_t dst;
   const void* src;
@@ -82,6 +85,18 @@ inline uintptr_t __cvta_generic_to_shared(const void* p) {
   return static_cast<uintptr_t>(static_cast<const uint8_t*>(p) - emu::smem.data());
 }
 inline void __syncthreads() { emu::block_bar->arrive_and_wait(); }
+// Warp votes (the kernels call them with the whole warp converged): every lane posts, then reads all 32.
+inline uint32_t __ballot_sync(uint32_t, int pred) {
+  const int warp = threadIdx.x >> 5;
+  emu::votes[threadIdx.x] = pred != 0;
+  emu::warp_bars[warp]->arrive_and_wait();
+  uint32_t mask = 0;
+  for (int l = 0; l < 32; ++l) mask |= static_cast<uint32_t>(emu::votes[warp * 32 + l]) << l;
+  emu::warp_bars[warp]->arrive_and_wait();
+  return mask;
+}
+inline bool __any_sync(uint32_t m, int pred) { return __ballot_sync(m, pred) != 0; }
+inline int __popc(uint32_t x) { return __builtin_popcount(x); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{emu::f_to_bf16(f)}; }
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;

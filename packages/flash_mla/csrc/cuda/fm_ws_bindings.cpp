@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fm_ws3_decode.h"
 #include "fm_ws_decode.h"
 
 static void sparse_decode_ws(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out, uintptr_t lse,
@@ -14,8 +15,10 @@ static void sparse_decode_ws(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t
                              int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8, int variant, int mode,
                              uintptr_t stream) {
   if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws: H must be a positive multiple of 64");
-  if (variant != 1 && variant != 2) throw std::invalid_argument("sparse_decode_ws: variant must be 1 (ws) or 2 (ws2)");
-  if (mode < 0 || mode > 6) throw std::invalid_argument("sparse_decode_ws: mode must be 0 (kernel) .. 6 (ablations)");
+  if (variant < 1 || variant > 3)
+    throw std::invalid_argument("sparse_decode_ws: variant must be 1 (ws), 2 (ws2) or 3 (ws3)");
+  if (mode < 0 || mode > (variant == 3 ? 2 : 6))
+    throw std::invalid_argument("sparse_decode_ws: mode must be 0 (kernel) .. 6 (ablations; ws3: .. 2)");
   if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws: bad split plan");
   if (num_splits > 1 && (part_o == 0 || part_lse == 0))
     throw std::invalid_argument("sparse_decode_ws: num_splits > 1 needs the part_o / part_lse workspaces");
@@ -23,7 +26,7 @@ static void sparse_decode_ws(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t
   a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
                       stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
                       stride_lh};
-  const int rc = fm_ws_launch(a, fp8, variant, mode, stream);
+  const int rc = variant == 3 ? fm_ws3_launch(a, fp8, mode, stream) : fm_ws_launch(a, fp8, variant, mode, stream);
   if (rc != 0) throw std::runtime_error(std::string("sparse_decode_ws launch failed: ") + fm_ws_error_string(rc));
 }
 
@@ -31,9 +34,12 @@ void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
         "gathering 32-row tiles, two wgmma consumer warpgroups. Same arguments as sparse_decode except "
-        "tiles_per_split, counted in ws_block_rows()-row tiles, and variant (1 = ws, 2 = ws2) / mode (0 = the kernel, "
-        "1..6 = timing-only ablations: producer only, consumers only, no S exchange, QK only, PV only, no softmax math) "
-        "before stream.");
+        "tiles_per_split, counted in ws_block_rows()-row tiles (ws3: ws3_block_rows()), and variant (1 = ws, 2 = ws2, "
+        "3 = ws3: fm_ws3_decode.cu, 64-row tiles) / mode (0 = the kernel, 1..6 = timing-only ablations: producer only, "
+        "consumers only, no S exchange, QK only, PV only, no softmax math; ws3: 0..2) before stream.");
   m.def("ws_smem_bytes", &fm_ws_smem_bytes, "Dynamic shared memory per CTA (bytes) of sparse_decode_ws");
   m.def("ws_block_rows", &fm_ws_block_rows, "KV rows per tile of sparse_decode_ws (the unit of tiles_per_split)");
+  m.def("ws3_smem_bytes", &fm_ws3_smem_bytes, "Dynamic shared memory per CTA (bytes) of sparse_decode_ws variant 3");
+  m.def("ws3_block_rows", &fm_ws3_block_rows, "KV rows per tile of sparse_decode_ws variant 3 (64)");
+  m.def("ws3_threads", &fm_ws3_threads, "Threads per CTA of sparse_decode_ws variant 3");
 }

@@ -20,9 +20,12 @@ import functools
 import torch
 
 from ..._backend import compiled_module
-from .w4a16_configs import CUDA_VARIANTS, W4A16Config, cuda_variant
+from .w4a16_configs import CUDA_P_VARIANTS, CUDA_VARIANTS, W4A16Config, cuda_p_variant, cuda_variant
 
-__all__ = ["available", "applies", "compiled_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda"]
+__all__ = [
+    "available", "applies", "compiled_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda",
+    "available_p", "compiled_p_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p",
+]  # fmt: skip
 
 
 def _module():
@@ -92,6 +95,82 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream(a.device).cuda_stream
         mod.fp4_w4a16_grouped(
+            *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
+            m, n, k, g, stream,
+        )  # fmt: skip
+    return out
+
+
+# ---- kernel 5: the persistent variant (csrc/cuda/dg_fp4_persistent.cuh), prepared in session 4 and not GPU-run yet.
+# Not routed by the API (api_w4a16 sends only kernel-4 configs to CUDA): the benchmark and the tests call it here.
+
+
+def available_p() -> bool:
+    """True when `_C` has the persistent W4A16 kernel (kernel 5)."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "fp4_w4a16_p_grouped")
+
+
+def compiled_p_variants() -> tuple[tuple[int, int, int, int, int], ...]:
+    """(kt, tn, warps, rt, stages) of every persistent variant `_C` was built with (empty without it)."""
+    return tuple(tuple(v) for v in _module().fp4_w4a16_p_variants()) if available_p() else ()
+
+
+def _check_p_operands(a, packed, scales, offs, out) -> None:
+    """Shapes, dtypes and layout of a direct kernel-5 call (the API validates its own calls)."""
+    if a.dtype != torch.bfloat16 or a.dim() != 2 or not a.is_contiguous():
+        raise ValueError(f"a: expected a contiguous bf16 [m, k] tensor, got {a.dtype} {tuple(a.shape)}")
+    m, k = a.shape
+    if k % 128:
+        raise ValueError(f"a: expected k % 128 == 0, got k = {k}")
+    if packed.dim() != 3 or packed.shape[2] * 2 != k or packed.element_size() != 1 or not packed.is_contiguous():
+        raise ValueError(f"packed: expected a contiguous 1-byte [g, n, {k // 2}] tensor, got {tuple(packed.shape)}")
+    g, n, _ = packed.shape
+    if tuple(scales.shape) != (g, n, k // 32) or scales.element_size() != 1 or not scales.is_contiguous():
+        raise ValueError(f"scales: expected a contiguous 1-byte [{g}, {n}, {k // 32}] tensor, got "
+                         f"{tuple(scales.shape)}")  # fmt: skip
+    if offs.dtype != torch.int32 or tuple(offs.shape) != (g,) or not offs.is_contiguous():
+        raise ValueError(f"offs: expected a contiguous int32 [{g}] tensor, got {offs.dtype} {tuple(offs.shape)}")
+    if out is not None and (out.dtype != torch.bfloat16 or tuple(out.shape) != (m, n) or not out.is_contiguous()):
+        raise ValueError(f"out: expected a contiguous bf16 [{m}, {n}] tensor, got {out.dtype} {tuple(out.shape)}")
+
+
+def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(
+    a: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor | None,
+    config: W4A16Config,
+) -> torch.Tensor:
+    """The persistent kernel 5 on the operands of `m_grouped_bf16_fp4_gemm_nt_contiguous_cuda` (same contract:
+    a bf16 [m, k], packed [g, n, k/2], scales [g, n, k/32] E8M0 bytes, offs int32 [g] cumulative ends read on the
+    device, out bf16 [m, n] or None to allocate; rows past offs[-1] are not written). config: a kernel-5
+    `W4A16Config` (block_k = k per stage, 256 or 512). Raises ValueError for bad operands or config, RuntimeError
+    when `_C` lacks the kernel or the variant."""
+    variant = cuda_p_variant(config) if config.kernel == 5 else None
+    if variant not in CUDA_P_VARIANTS:
+        raise ValueError(f"config: expected a kernel-5 config of CUDA_P_VARIANTS, got {config.name!r}")
+    _check_p_operands(a, packed, scales, offs, out)
+    if out is None:
+        out = torch.empty((a.shape[0], packed.shape[1]), dtype=torch.bfloat16, device=a.device)
+    if not available_p():
+        raise RuntimeError("deep_gemm._C lacks the persistent FP4 kernel (build with DEEPINFER_DEVICE=cuda)")
+    if variant not in compiled_p_variants():
+        raise RuntimeError(f"config {config.name!r}: _C was built without this variant (rebuild the package)")
+    if not (applies(a, packed, scales) and offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0):
+        raise ValueError(
+            "operands: expected CUDA tensors on an sm_90 device with a and packed 16-byte aligned and scales 4-byte "
+            f"aligned, got device {a.device}, a at {a.data_ptr():#x}, packed at {packed.data_ptr():#x}, scales at "
+            f"{scales.data_ptr():#x}"
+        )
+    m, k = a.shape
+    g, n, _ = packed.shape
+    if m == 0 or n == 0 or g == 0:
+        return out
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        _module().fp4_w4a16_p_grouped(
             *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
             m, n, k, g, stream,
         )  # fmt: skip

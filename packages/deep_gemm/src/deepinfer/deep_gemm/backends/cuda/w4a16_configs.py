@@ -21,6 +21,7 @@ import re
 __all__ = [
     "W4A16Config", "DECODE", "PREFILL", "PREFILL_256", "V3_DECODE", "SWEEP", "default_config", "parse_config",
     "rows_per_group", "CUDA_VARIANTS", "CUDA_MAX_ROWS", "CUDA_SWEEP", "cuda_config", "cuda_variant",
+    "CUDA_P_VARIANTS", "CUDA_P_SWEEP", "cuda_p_variant",
 ]  # fmt: skip
 
 
@@ -31,7 +32,10 @@ class W4A16Config:
     `triton_fp4_grouped_v2.py` (natural-k-order single dot, int32 scale words; block_k must be 128), 3 =
     `triton_fp4_grouped_v3.py` (decode: fewer dequant ops per weight, optional split-K), 4 = the compiled CUDA
     kernel (`csrc/cuda/dg_fp4_grouped.cuh` via `cuda_fp4_grouped.py`: block_m = tokens per block, 8..64;
-    block_n = rows per CTA = num_warps * 16 * (1 or 2); block_k must be 256; one of `CUDA_VARIANTS`).
+    block_n = rows per CTA = num_warps * 16 * (1 or 2); block_k must be 256; one of `CUDA_VARIANTS`), 5 = its
+    persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, same wrapper module, not routed by the API yet: call
+    `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; block_k = k per stage, 256 or 512; one of
+    `CUDA_P_VARIANTS`; names end in `cp`).
     Kernel 3 only: fold = one multiply by 2^(s-1) per two weights (exact for scale bytes <= 128 only, see
     the kernel's docstring); split_k in {1, 2, 4, 8} = k splits with fp32 partials and a reduce kernel."""
 
@@ -47,7 +51,7 @@ class W4A16Config:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
-            low = 8 if name == "block_m" and self.kernel == 4 else 16  # the CUDA kernel's MMA N side is 8 tokens
+            low = 8 if name == "block_m" and self.kernel in (4, 5) else 16  # the CUDA kernel's MMA N side is 8 tokens
             if not isinstance(v, int) or v < low or v & (v - 1):
                 raise ValueError(f"{name}: expected a power of two >= {low}, got {v!r}")
         if not isinstance(self.block_k, int) or self.block_k < 32 or self.block_k & (self.block_k - 1):
@@ -56,11 +60,14 @@ class W4A16Config:
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages: expected an int in [1, 8], got {self.num_stages!r}")
-        if self.kernel not in (1, 2, 3, 4):
-            raise ValueError(f"kernel: expected 1, 2, 3 or 4, got {self.kernel!r}")
+        if self.kernel not in (1, 2, 3, 4, 5):
+            raise ValueError(f"kernel: expected 1, 2, 3, 4 or 5, got {self.kernel!r}")
         if self.kernel == 4 and cuda_variant(self) not in CUDA_VARIANTS:
             raise ValueError(f"kernel 4: expected one of the compiled CUDA variants {sorted(CUDA_NAMES)}, got "
                              f"{self.name!r}")  # fmt: skip
+        if self.kernel == 5 and cuda_p_variant(self) not in CUDA_P_VARIANTS:
+            raise ValueError(f"kernel 5: expected one of the compiled persistent CUDA variants {sorted(CUDA_P_NAMES)}, "
+                             f"got {self.name!r}")  # fmt: skip
         if self.split_k not in (1, 2, 4, 8):
             raise ValueError(f"split_k: expected 1, 2, 4 or 8, got {self.split_k!r}")
         if self.kernel != 3 and (self.fold or self.split_k != 1):
@@ -73,8 +80,9 @@ class W4A16Config:
     def name(self) -> str:
         """Short id, e.g. 'm16n64k128w2s3' (kernel 2: suffix 'v2'; kernel 3: 'v3', then 'f' for fold and 'x2'
         for split_k = 2; parse it back with `parse_config`)."""
-        if self.kernel == 4:
-            return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}cu"
+        if self.kernel in (4, 5):
+            tail = "cu" if self.kernel == 4 else "cp"
+            return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{tail}"
         v = "" if self.kernel == 1 else f"v{self.kernel}"
         v += ("f" if self.fold else "") + (f"x{self.split_k}" if self.split_k > 1 else "")
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{v}"
@@ -83,10 +91,11 @@ class W4A16Config:
 def parse_config(name: str) -> W4A16Config:
     """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3); '...v2' -> kernel 2; '...v3', '...v3f', '...v3fx2'
     -> kernel 3 (fold, split_k 2); 'm8n128k256w4s4cu' -> kernel 4 (CUDA); ValueError for anything else (including
-    fold / split on kernels 1-2 and CUDA variants that are not compiled)."""
-    cuda = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)cu", name)
+    fold / split on kernels 1-2 and CUDA variants that are not compiled); '...cp' -> kernel 5 (persistent CUDA)."""
+    cuda = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(cu|cp)", name)
     if cuda is not None:
-        return W4A16Config(*(int(v) for v in cuda.groups()), kernel=4)
+        *ints, tail = cuda.groups()
+        return W4A16Config(*(int(v) for v in ints), kernel=4 if tail == "cu" else 5)
     match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:v([23]))?(f)?(?:x(\d+))?", name)
     if match is None:
         raise ValueError(
@@ -210,3 +219,31 @@ def cuda_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config | 
         return None
     tn = next(t for t in (8, 16, 32, 64) if rows <= t)
     return CUDA_BY_TN[tn]
+
+
+# ---- kernel 5: the persistent CUDA variant (csrc/cuda/dg_fp4_persistent.cuh), prepared in session 4, not GPU-run yet
+# (kt, tn, warps, rt, stages): k per stage, tokens per block, warps per CTA, 16-row MMA tiles per warp, stages. Keep
+# in sync with kPEntries in csrc/cuda/dg_fp4_persistent.cu and the emulator driver (a test compares them).
+CUDA_P_VARIANTS: tuple[tuple[int, int, int, int, int], ...] = (
+    (256, 8, 4, 1, 4), (512, 8, 4, 1, 2), (512, 8, 8, 1, 2), (256, 8, 4, 2, 3), (512, 8, 4, 2, 2), (256, 8, 4, 1, 3),
+    (256, 16, 4, 1, 4), (512, 16, 4, 1, 2),
+)  # fmt: skip
+CUDA_P_NAMES = tuple(f"m{t}n{w * r * 16}k{kt}w{w}s{s}cp" for kt, t, w, r, s in CUDA_P_VARIANTS)
+
+
+def cuda_p_variant(cfg: W4A16Config) -> tuple[int, int, int, int, int] | None:
+    """(kt, tn, warps, rt, stages) of a kernel-5 config (None when its tiles cannot map to the persistent kernel)."""
+    rt, rem = divmod(cfg.block_n, 16 * cfg.num_warps)
+    if rem or cfg.block_k not in (256, 512):
+        return None
+    return (cfg.block_k, cfg.block_m, cfg.num_warps, rt, cfg.num_stages)
+
+
+def _cp(kt: int, tn: int, warps: int, rt: int, stages: int) -> W4A16Config:
+    return W4A16Config(tn, warps * rt * 16, kt, num_warps=warps, num_stages=stages, kernel=5)
+
+
+# What the benchmark times next to kernel 4 per tokens-per-block (every one is also a `gpu` test).
+CUDA_P_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
+    tn: tuple(_cp(*v) for v in CUDA_P_VARIANTS if v[1] == tn) for tn in (8, 16)
+}

@@ -1,4 +1,5 @@
-"""Warp-specialised CUDA C++ (sm_90a) sparse sink attention: `csrc/cuda/fm_ws_decode.cu`, `_C.sparse_decode_ws`.
+"""Warp-specialised CUDA C++ (sm_90a) sparse sink attention: `csrc/cuda/fm_ws_decode.cu` (ws / ws2) and
+`csrc/cuda/fm_ws3_decode.cu` (ws3), both through `_C.sparse_decode_ws`.
 
 Same math, arguments, results and split-KV format as `cuda_sparse_decode.py` (the serial kernel, today's default);
 the kernel differs inside a CTA (design notes at the top of the .cu file): a producer warpgroup gathers 32-row
@@ -7,16 +8,21 @@ only wgmma and the softmax, scores split over d, P in registers, P @ V of tile i
 tile i + 1. Not the default: `sparse_attn_ws` is called directly (the benchmark's `cuda_ws` / `cuda_ws_fp8` rows);
 the package README says how the API would route to it.
 
-Variants (`variant=`, same source, template flags): "ws" the first version; "ws2" the producer signals a BF16 tile
-with cp.async.mbarrier.arrive when its rows land (ws signals tile j only after the consumers released tile j - 2: a
-producer round trip on the critical path of every tile) and FP8 rows bring their scale words in the same loads (one
-memory round trip per tile instead of two). `ablation=` (timing only, WRONG results): "producer" (consumers only
-hand tiles back: the gather / dequant rate), "consumer" (no gather after tile 0: the compute rate), "no_xchg" (no
-partial-S exchange), "qk_only" / "pv_only" (only the score / only the P @ V wgmma), "no_softmax" (S packed to bf16
-as P: no max / exp / row sums).
+Variants (`variant=`; ws / ws2 from one source by template flags): "ws" the first version; "ws2" the producer signals
+a BF16 tile with cp.async.mbarrier.arrive when its rows land (ws signals tile j only after the consumers released
+tile j - 2: a producer round trip on the critical path of every tile) and FP8 rows bring their scale words in the
+same loads (one memory round trip per tile instead of two); "ws3" (`csrc/cuda/fm_ws3_decode.cu`, a separate source:
+64-row tiles, each consumer warpgroup scores half the keys of a tile over all 512 dims as the serial kernel does, so
+only the row max and P (through shared memory) are exchanged; a 2-stage ring of 64-row tiles, the next tile's rows
+prefetched into L2; FP8 loads issued before the stage wait; prepared in session 4, not yet GPU-run). `ablation=`
+(timing only, WRONG results): "producer" (consumers only hand tiles back: the gather / dequant rate), "consumer" (no
+gather after tile 0: the compute rate), "no_xchg" (no partial-S exchange), "qk_only" / "pv_only" (only the score /
+only the P @ V wgmma), "no_softmax" (S packed to bf16 as P: no max / exp / row sums); ws3 has "producer" and
+"consumer" only (`ablations_of`).
 
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
-the kernel in 32-row tiles; the partials are merged by `combine_splits` (triton_split_attn's Triton combine).
+the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
+(triton_split_attn's Triton combine).
 The launcher reads shapes, strides and pointers only (no host sync): CUDA-graph safe.
 """
 
@@ -35,7 +41,9 @@ from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms,
 __all__ = [
     "ABLATIONS",
     "VARIANTS",
+    "ablations_of",
     "available",
+    "block_rows",
     "probe",
     "probe_ablations",
     "run_ablations",
@@ -47,10 +55,23 @@ __all__ = [
 
 BLOCK_H, HEAD_DIM = 64, 512
 PLAN_ROWS = 64  # rows per tile of the split plan (the serial kernel's tile)
-KERNEL_ROWS = 32  # rows per tile of this kernel (fm_ws_decode.cu kBN; checked against _C.ws_block_rows())
-VARIANTS = {"ws": 1, "ws2": 2}  # name -> the binding's variant code (fm_ws_launch)
-# name -> the kernel's Mode (fm_ws_decode.cu); every mode but "full" is for timing only (wrong numbers)
+KERNEL_ROWS = 32  # rows per tile of ws / ws2 (fm_ws_decode.cu kBN; checked against _C.ws_block_rows())
+WS3_ROWS = 64  # rows per tile of ws3 (fm_ws3_decode.cu kBN; checked against _C.ws3_block_rows())
+VARIANTS = {"ws": 1, "ws2": 2, "ws3": 3}  # name -> the binding's variant code (sparse_decode_ws)
+# name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
+# timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
+_WS3_ABLATIONS = ("full", "producer", "consumer")
+
+
+def ablations_of(variant: str) -> tuple[str, ...]:
+    """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws, ws2: all)."""
+    return _WS3_ABLATIONS if variant == "ws3" else tuple(ABLATIONS)
+
+
+def block_rows(variant: str) -> int:
+    """KV rows per tile of a variant's kernel: the unit of its tiles_per_split (ws / ws2: 32, ws3: 64)."""
+    return WS3_ROWS if variant == "ws3" else KERNEL_ROWS
 
 
 @functools.cache
@@ -80,18 +101,23 @@ def supports(q: torch.Tensor, kv: torch.Tensor) -> str | None:
     return None
 
 
-def split_plan(t: int, h: int, topk: int, num_sms: int, num_splits: int | None) -> tuple[int, int]:
-    """(num_splits, tiles_per_split in KERNEL_ROWS-row tiles) for t tokens x h heads x topk indices.
+def split_plan(
+    t: int, h: int, topk: int, num_sms: int, num_splits: int | None, rows: int = KERNEL_ROWS
+) -> tuple[int, int]:
+    """(num_splits, tiles_per_split in `rows`-row tiles) for t tokens x h heads x topk indices; rows = the kernel's
+    tile (`block_rows`: 32 for ws / ws2, 64 for ws3).
 
     num_splits None: `plan_num_splits` over 64-row tiles (the serial kernel's plan); else the given count clamped to
-    [1, 32-row tiles]. Recomputed so that no split is empty (topk = 0: one split of no tiles)."""
-    tiles = -(-topk // KERNEL_ROWS)
+    [1, tiles]. Recomputed so that no split is empty (topk = 0: one split of no tiles)."""
+    if PLAN_ROWS % rows:
+        raise ValueError(f"split_plan: rows: expected a divisor of {PLAN_ROWS}, got {rows}")
+    tiles = -(-topk // rows)
     if tiles == 0:
         return 1, 0
     if num_splits is None:
         tiles64 = -(-topk // PLAN_ROWS)
         splits = plan_num_splits(t, h // BLOCK_H, tiles64, num_sms)
-        per = -(-tiles64 // splits) * (PLAN_ROWS // KERNEL_ROWS)
+        per = -(-tiles64 // splits) * (PLAN_ROWS // rows)
     else:
         splits = max(1, min(int(num_splits), tiles))
         per = -(-tiles // splits)
@@ -129,6 +155,16 @@ def _check_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: 
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
 
 
+def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
+    """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
+    fn = "ws3_block_rows" if variant == "ws3" else "ws_block_rows"
+    if not hasattr(mod, fn):
+        raise RuntimeError(f"sparse_attn_ws: _C has no {fn}: built before variant {variant!r} existed (rebuild)")
+    got = getattr(mod, fn)()
+    if got != block_rows(variant):
+        raise RuntimeError(f"_C.{fn}() is {got}, this wrapper plans {block_rows(variant)}-row tiles for {variant}")
+
+
 def sparse_attn_ws(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -152,13 +188,14 @@ def sparse_attn_ws(
         out, lse_out: optional output buffers ([t, h, 512] bf16 / [t, h] fp32; copied when their strides do not suit
             the kernel).
         num_splits: splits per token (None: `split_plan`, the serial kernel's plan).
-        variant: "ws" or "ws2" (module docstring). ablation: "full" (the kernel) or a timing-only mode of `ABLATIONS`
-            whose results are wrong.
+        variant: "ws", "ws2" or "ws3" (module docstring). ablation: "full" (the kernel) or a timing-only mode of
+            `ablations_of(variant)` whose results are wrong.
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    if variant not in VARIANTS or ablation not in ABLATIONS:
+    if variant not in VARIANTS or ablation not in ablations_of(variant):
+        allowed = sorted(ablations_of(variant)) if variant in VARIANTS else sorted(ABLATIONS)
         raise ValueError(
-            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {sorted(ABLATIONS)}, "
+            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
     _check_args(q, kv, indices, sink)
@@ -174,15 +211,14 @@ def sparse_attn_ws(
     if t == 0:
         return out, lse_out
     mod = _module()
-    if mod.ws_block_rows() != KERNEL_ROWS:
-        raise RuntimeError(f"_C.ws_block_rows() is {mod.ws_block_rows()}, this wrapper plans {KERNEL_ROWS}-row tiles")
+    _check_block_rows(mod, variant)
     kv_f, fp8 = _cache_rows(kv)
     q_c = q if q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1))) else q.contiguous()
     idx = indices if indices.stride(-1) == 1 or indices.shape[1] <= 1 else indices.contiguous()
     o_ok = out.stride(-1) == 1 and _aligned(out, (out.stride(0), out.stride(1)), 4)
     o_dst = out if o_ok else torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     sink_c = sink.contiguous() if sink is not None else None
-    splits, per = split_plan(t, h, idx.shape[1], device_sms(q.device), num_splits)
+    splits, per = split_plan(t, h, idx.shape[1], device_sms(q.device), num_splits, block_rows(variant))
     part_o = part_lse = None
     if splits > 1:
         part_o = torch.empty(t * splits * h, d, dtype=torch.float32, device=q.device)
@@ -271,7 +307,7 @@ def run_ablations(seed: int = 0, device: str = "cuda") -> str:
     sink = torch.randn(BLOCK_H, generator=g).to(device)
     for kv in (cache.to(device), pack_fp8_kv_ref(cache).to(device)):
         for variant in VARIANTS:
-            for ablation in ABLATIONS:
+            for ablation in ablations_of(variant):
                 for splits in (None, 1):
                     try:
                         sparse_attn_ws(q, kv, idx, sink, HEAD_DIM**-0.5, num_splits=splits, variant=variant,

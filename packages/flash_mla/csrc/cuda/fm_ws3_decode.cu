@@ -1,0 +1,634 @@
+// ws3: warp-specialised sparse MLA decode/prefill kernel for sm_90a with 64-row tiles, V4 shape: 64 heads x 512 dims
+// per query token. Same math, split-KV format and hole rules as fm_ws_decode.cu (ws / ws2) and fm_sparse_decode.cu
+// (the serial kernel); Python side backends/cuda/cuda_ws_decode.py (variant "ws3").
+//
+// Why (session-4 ablations of ws2 at b = 128, s_q = 2): ws2's compute loop alone (consumer-only 84 us) was slower than
+// the whole serial kernel (92 us): 32-row tiles pay the fixed per-tile costs (partial-S exchange, barriers, softmax
+// reductions) 20 times per token. And the FP8 producer (one warpgroup dequantising) alone needed 109 us.
+//
+// One CTA = one query token's 64 heads x one split of its index list; 384 threads: warpgroups 0, 1 = consumers,
+// 2 = producer.
+//   Consumers (the serial kernel's split): per 64-row tile, warpgroup w scores keys 32 w .. 32 w + 31 over all 512
+//     dims (32 x wgmma m64n32k16, nothing duplicated, no partial-S exchange), the two warpgroups exchange only the
+//     per-row max (one named barrier) and P (bf16 [64 heads x 64 keys] through shared memory, double-buffered by
+//     tile parity, one named barrier), then w accumulates O[:, 256 w .. +255] += P V (4 x wgmma m64n256k16, P from
+//     shared memory). Row sums are per warpgroup (its 32 keys) and added once at the end. Two barriers per 64 rows
+//     instead of ws2's one per 32 rows plus the 8 KiB partial-S round trip, and half as many softmax passes.
+//   Order per tile: S_i, softmax_i, P_i V_i, release of stage i (consumer() says why not S_{i+1} under P_i V_i). The
+//     overlap is across roles: the producer gathers (and dequantises) tile i + 1 while the consumers compute tile i.
+//   Producer: keeps a 2-stage ring of [64 keys, 512] bf16 tiles (128-byte swizzle, 64 KiB each) full. Shared memory:
+//     Q 64 KiB + ring 128 KiB + P 16 KiB + row ids / maxima / barriers = 209 KiB; a third 64 KiB stage does not fit
+//     next to Q (256 KiB > 227 KiB). So the ring is one tile ahead, and the producer reaches further through L2:
+//     BF16: 16-byte cp.async straight into the ring, full barrier by cp.async.mbarrier.arrive (ws2), then the rows
+//       of the NEXT tile are prefetched into L2 (prefetch.global.L2) while that tile's stage is still busy: its
+//       cp.async later reads L2, not HBM.
+//     FP8: warp W (0..3) owns rows 16 W .. 16 W + 15 of a tile, in 2 batches of 8 rows: 8-byte global loads into
+//       registers (the scale word with them, as ws2), e4m3 * 2^(s - 127) -> bf16 (exact) stored into the ring. The
+//       first batch's loads are issued BEFORE waiting for the stage to be released (registers need no free stage),
+//       and the next tile's rows are prefetched into L2 after each tile.
+//   More dequant threads for FP8 do not fit: a second producer warpgroup (512 threads) caps the launch at 128
+//     registers per thread and ptxas refuses the m64n256k16 P @ V there (C7602: needs >= 154, whatever setmaxnreg
+//     gives the consumers later); consumers helping with the dequant of tile i + 2 would need a free stage while
+//     their wgmma run, and with two stages there is none (tile i in use, tile i + 1 landing), or a raw FP8 staging
+//     buffer, which fits only for half a tile (P single-buffered). So ws3's FP8 producer is one warpgroup, as ws2's
+//     (8 rows x 3 loads per thread in flight), with the first batch of a tile loaded before the stage wait and the
+//     next tile's rows prefetched into L2.
+//   Registers (setmaxnreg: .inc only takes what .dec gave back, so the totals must equal the launch allocation):
+//     384 x 168 = 128 x 88 (producer: the FP8 batch of 48 registers in flight across the stage wait spills at 72)
+//     + 256 x 208 (consumers: O [64, 256] fp32 = 128, S 16, softmax state).
+// Split-KV: split s of a token owns 64-row tiles [s * tiles_per_split, ...); num_splits == 1 writes out (bf16) and
+// lse (natural log, sink included), else the fp32 partials acc / l and base-2 lse of triton_split_attn's
+// _combine_kernel. Holes (any index outside [0, n_rows)): never read (zero row), score -inf.
+// Timing-only ablation modes (enum Mode, wrong numbers): producer only, consumers only (as fm_ws_decode.cu's 1 and 2).
+// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (6 instances).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "fm_ws3_decode.h"
+#include "fm_ws3_wgmma.cuh"
+#include "fm_ws_wgmma.cuh"
+
+namespace fm_ws3 {
+
+using fm_ws::LaunchArgs;
+using fm_ws::Params;
+
+constexpr int kH = 64;                  // heads per CTA (the wgmma M)
+constexpr int kD = 512;                 // head dim
+constexpr int kBN = 64;                 // KV rows per tile
+constexpr int kStages = 2;              // ring depth (a third 64 KiB stage does not fit next to Q)
+constexpr int kConsumers = 256;         // warpgroups 0, 1
+constexpr int kSub = 64 * 128;          // [64 rows, 64 bf16] swizzled sub-tile: 8 KiB (Q, KV stage, P)
+constexpr int kStageBytes = 8 * kSub;   // [64, 512] bf16: 64 KiB
+constexpr int kFp8Row = 584;
+constexpr int kFp8Batch = 8;            // FP8 rows per producer warp whose loads are in flight together (2 batches)
+constexpr int kBarConsumers = 1, kBarProducer = 2;  // named barriers (0 is __syncthreads)
+
+enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
+
+// Thread / register split (both cache formats). One producer warpgroup: a second one (512 threads) caps the launch
+// at 128 registers per thread, and ptxas refuses the m64n256k16 P @ V at that cap (C7602: needs >= 154 even when
+// setmaxnreg would give the consumers more), so 384 threads is the largest CTA with O [64, 256] in registers.
+template <bool FP8>
+struct Cfg {
+  static constexpr int kProducers = 128;
+  static constexpr int kThreads = kConsumers + kProducers;
+  static constexpr int kLaunchRegs = 168;  // what __launch_bounds__(384, 1) gives each thread
+  static constexpr int kProducerRegs = 88;
+  static constexpr int kConsumerRegs = 208;
+  static_assert(kLaunchRegs * kThreads <= 65536, "register file");
+  static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs == kLaunchRegs * kThreads,
+                "setmaxnreg budget must add up to the launch allocation (else .inc waits forever / wastes)");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kConsumerRegs <= 256, "setmaxnreg range");
+  static_assert(kBN == (kProducers / 32) * 2 * kFp8Batch, "FP8: 4 producer warps x 2 batches x 8 rows");
+};
+
+struct Smem {
+  static constexpr int q = 0;
+  static constexpr int ring = 8 * kSub;
+  static constexpr int p = ring + kStages * kStageBytes;  // bf16 P [2 parity][64 heads, 64 keys], swizzled
+  static constexpr int rows = p + 2 * kSub;               // int [kStages][64] row ids for the consumers (-1: hole)
+  static constexpr int prow = rows + kStages * kBN * 4;   // int [2][64] row ids for the producers
+  static constexpr int red = prow + 2 * kBN * 4;          // float [2 parity][2 wg][64] row maxima
+  static constexpr int lsum = red + 2 * 2 * 64 * 4;       // float [2 wg][64] row sums (end)
+  static constexpr int bars = lsum + 2 * 64 * 4;          // uint64 full[kStages], empty[kStages]
+  static constexpr int total = bars + 2 * kStages * 8;
+};
+static_assert(Smem::total + 1024 <= 232448, "shared memory over the sm_90 opt-in limit");
+
+// ------------------------------------------------------------------------------------------------ PTX helpers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Byte offset of 16-byte chunk c (0..63) of row r in a [rows, 512] tile of 8 [rows, 64] sub-tiles, 128-byte swizzle
+// (CUTLASS Swizzle<3,4,3>: chunk (c % 8) XOR (r % 8)), what wgmma's 128B mode reads.
+__device__ __forceinline__ uint32_t swz(int r, int c, int rows) {
+  return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory descriptor, 128-byte swizzle: start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32, mode 1 at 62.
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
+  d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
+  d |= (uint64_t)1 << 62;
+  return d;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_arrive() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keep the compiler from moving register accesses across the wgmma waits (the hardware reads / writes them late).
+template <int N>
+__device__ __forceinline__ void reg_fence(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// The arrival fires when every earlier cp.async of this thread has landed (.noinc: counts against the init count).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void named_bar(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+__device__ __forceinline__ int load_row_id(const int* idx_row, int pos, int topk, int64_t n_rows) {
+  if (pos >= topk) return -1;
+  const int v = __ldg(idx_row + pos);
+  return (v >= 0 && (int64_t)v < n_rows) ? v : -1;
+}
+
+__device__ __forceinline__ uint2 ldg_u2(const uint8_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// 8 e4m3 bytes times scale -> 8 bf16 (exact: an e4m3 value times a power of two is a bf16 number).
+__device__ __forceinline__ uint4 dequant8(uint2 b, float s) {
+  const uint32_t w[2] = {b.x, b.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[h] >> (16 * k)), __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
+      __nv_bfloat162 bb = __floats2bfloat162_rn(f.x * s, f.y * s);
+      o[2 * h + k] = *reinterpret_cast<uint32_t*>(&bb);
+    }
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// ------------------------------------------------------------------------------------------------ producers
+
+// BF16 rows: thread t (of 128) copies 16-byte chunk t % 64 of rows t / 64 + 2 i (holes zero-filled, never read).
+__device__ __forceinline__ void issue_bf16_tile(uint8_t* stage, const int* rows, const uint8_t* kv, int64_t stride,
+                                                int t) {
+  const uint32_t base = smem_u32(stage);
+  const int c = t & 63;
+#pragma unroll 8
+  for (int i = 0; i < kBN / 2; ++i) {
+    const int r = (t >> 6) + 2 * i;
+    const int row = rows[r];
+    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * stride + c * 16;
+    cp_async16(base + swz(r, c, kBN), src, row >= 0);
+  }
+}
+
+// FP8: kFp8Batch rows r0 .. of one warp into registers. Lane l reads the row's 8-byte units l, l + 32 and (l < 9)
+// l + 64 (unit u: bytes 8u .. 8u + 7; e4m3 for u < 56, RoPE bf16 for 56..71, the 7 scale bytes + pad at 72): each
+// load instruction of the warp is 256 contiguous bytes.
+__device__ __forceinline__ void fp8_load(uint2 (&v)[kFp8Batch][3], const int* rows, const uint8_t* kv, int r0,
+                                         int lane) {
+#pragma unroll
+  for (int i = 0; i < kFp8Batch; ++i) {
+    const int row = rows[r0 + i];
+    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + 8 * lane;
+    const uint2 z = make_uint2(0u, 0u);
+    v[i][0] = row >= 0 ? ldg_u2(src) : z;
+    v[i][1] = row >= 0 ? ldg_u2(src + 256) : z;
+    v[i][2] = row >= 0 && lane < 9 ? ldg_u2(src + 512) : z;
+  }
+}
+
+// The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0).
+__device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[kFp8Batch][3], int r0, int lane) {
+#pragma unroll
+  for (int i = 0; i < kFp8Batch; ++i) {
+    const int r = r0 + i;
+    uint2 sw;  // the row's scale word, held by lane 8
+    sw.x = __shfl_sync(0xffffffffu, v[i][2].x, 8);
+    sw.y = __shfl_sync(0xffffffffu, v[i][2].y, 8);
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      const int u = lane + 32 * m;
+      if (m == 2 && lane >= 8) break;
+      if (u < 56) {
+        const int k = u >> 3;  // scale byte k of the word
+        const uint32_t sb = ((k < 4 ? sw.x : sw.y) >> (8 * (k & 3))) & 0xffu;
+        const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
+        *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8(v[i][m], s);
+      } else {
+        const int e = u - 56;  // RoPE dims 448 + 4 e .. + 3: half (e & 1) of chunk 56 + e / 2
+        *reinterpret_cast<uint2*>(stage + swz(r, 56 + (e >> 1), kBN) + (e & 1) * 8) = v[i][m];
+      }
+    }
+  }
+}
+
+// One FP8 tile by the 4 producer warps (warp W: rows 16 W .. 16 W + 15). The first batch is loaded before waiting for
+// the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage.
+__device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
+                                         uint32_t parity, int* s_rows_st, int cur, int t) {
+  // warp / lane re-read per tile (opaque to the compiler): otherwise it hoists every per-row offset out of the tile
+  // loop and spills them (as in fm_ws_decode.cu)
+  uint32_t tx;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
+  const int r0 = 2 * kFp8Batch * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
+  uint2 v[kFp8Batch][3];
+  fp8_load(v, rows, kv, r0, lane);
+  if (wait) mbar_wait(bar, parity);
+  if (t < kBN) s_rows_st[t] = cur;
+  fp8_store(stage, v, r0, lane);
+  fp8_load(v, rows, kv, r0 + kFp8Batch, lane);
+  fp8_store(stage, v, r0 + kFp8Batch, lane);
+}
+
+// Producer thread t (0 .. Cfg::kProducers - 1). Threads t < 64 hold the row ids of tiles j (cur) and j + 1 (nxt).
+template <bool FP8, int MODE>
+__device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv, const int* idx_row, const Params& p, int lo,
+                                         int n, int t, uint32_t bar_full, uint32_t bar_empty) {
+  int* s_rows = reinterpret_cast<int*>(smem + Smem::rows);
+  int* prow = reinterpret_cast<int*>(smem + Smem::prow);
+  const int64_t stride = FP8 ? kFp8Row : p.stride_kv * 2;
+  int cur = -1, nxt = -1;
+  if (t < kBN && n > 0) cur = load_row_id(idx_row, lo * kBN + t, p.topk, p.n_rows);
+  if (t < kBN && n > 1) nxt = load_row_id(idx_row, (lo + 1) * kBN + t, p.topk, p.n_rows);
+  for (int j = 0; j < n; ++j) {
+    const int s = j % kStages;
+    const bool wait = j >= kStages;
+    const uint32_t parity = ((j / kStages) - 1) & 1;  // the release of tile j - kStages
+    if (t < kBN) prow[(j & 1) * kBN + t] = cur;
+    named_bar(kBarProducer, Cfg<FP8>::kProducers);  // row ids of tile j visible to every producer thread
+    const int* rows = prow + (j & 1) * kBN;
+    uint8_t* stage = smem + Smem::ring + s * kStageBytes;
+    if constexpr (MODE == kConsumerOnly) {  // tile 0 into stage 0 once, then row ids and signals only
+      if (wait) mbar_wait(bar_empty + 8 * s, parity);
+      if (t < kBN) s_rows[s * kBN + t] = cur;
+      if (j == 0) {
+        if constexpr (FP8) {
+          fp8_tile(stage, rows, kv, false, 0, 0, s_rows, cur, t);
+        } else {
+          issue_bf16_tile(stage, rows, kv, stride, t);
+          cp_commit();
+          cp_wait_all();
+        }
+        fence_async_smem();
+      }
+      mbar_arrive(bar_full + 8 * s);
+    } else if constexpr (FP8) {
+      fp8_tile(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+      fence_async_smem();
+      mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {  // tile j + 1's rows into L2 (6 lines of 584 bytes, 8-byte aligned)
+        const uint8_t* row = kv + (int64_t)nxt * kFp8Row;
+#pragma unroll
+        for (int i = 0; i < 6; ++i) prefetch_l2(row + (i < 5 ? 128 * i : 583));
+      }
+    } else {
+      if (wait) mbar_wait(bar_empty + 8 * s, parity);
+      if (t < kBN) s_rows[s * kBN + t] = cur;
+      issue_bf16_tile(stage, rows, kv, stride, t);
+      cp_async_mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {  // tile j + 1's rows into L2 while its stage is still busy (1 KiB, 16-byte aligned:
+        const uint8_t* row = kv + (int64_t)nxt * stride;  // 8 or 9 lines)
+#pragma unroll
+        for (int i = 0; i < 9; ++i) prefetch_l2(row + (i < 8 ? 128 * i : 1023));
+      }
+    }
+    if (t < kBN) {
+      cur = nxt;
+      nxt = j + 2 < n ? load_row_id(idx_row, (lo + j + 2) * kBN + t, p.topk, p.n_rows) : -1;
+    }
+  }
+  if constexpr (!FP8) cp_wait_all();  // no thread exits with copies in flight
+}
+
+// ------------------------------------------------------------------------------------------------ consumers
+
+// S_w [64 heads x 32 keys] = Q [64, 512] K[32 w .. 32 w + 31, 512]^T: 32 x m64n32k16 (16 fp32 per thread). Not
+// committed.
+__device__ __forceinline__ void issue_scores(float* s, uint32_t q_base, uint32_t kv_base, int wg) {
+#pragma unroll
+  for (int ks = 0; ks < 32; ++ks) {
+    const uint32_t koff = (ks >> 2) * kSub + (ks & 3) * 32;  // sub-tile, then 16 dims = 32 B inside the row
+    ws_wgmma_m64n32k16_ss(s, gmma_desc(q_base + koff, 16, 1024), gmma_desc(kv_base + koff + wg * 32 * 128, 16, 1024),
+                          ks > 0 ? 1 : 0);
+  }
+}
+
+// O_w += P [64 x 64 keys] (smem, K-major) V [64 keys, dims 256 w .. +255] (MN-major: 4 sub-tiles at LBO). Not
+// committed.
+__device__ __forceinline__ void issue_pv(float* acc, uint32_t p_base, uint32_t kv_base, int wg) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    ws3_wgmma_m64n256k16_ss_tb(acc, gmma_desc(p_base + ks * 32, 16, 1024),
+                               gmma_desc(kv_base + 4 * wg * kSub + ks * 16 * 128, kSub, 1024), 1);
+  }
+}
+
+// Online softmax update of one tile (base 2) for this warpgroup's 32 keys. Thread holds s[4 j + {0,1}] at (r0,
+// 32 wg + 8 j + 2 (lane % 4) + {0, 1}) and s[4 j + {2,3}] at row r0 + 8. The row max is exchanged with the other
+// warpgroup through red (one named barrier): both then hold the same running max, alpha and P scale. P (bf16) goes
+// to the shared P tile (this warpgroup's 32 columns); l_run keeps this warpgroup's partial row sums.
+__device__ __forceinline__ void softmax_tile(float* s, float* alpha, float* m_run, float* l_run, const int* rows_t,
+                                             float* red, uint8_t* p_tile, int wg, int r0, int lane, float qk_scale) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = rows_t[32 * wg + 8 * j + 2 * (lane & 3) + e] >= 0;
+      s[4 * j + e] = ok ? s[4 * j + e] * qk_scale : -INFINITY;
+      s[4 * j + 2 + e] = ok ? s[4 * j + 2 + e] * qk_scale : -INFINITY;
+      mx[0] = fmaxf(mx[0], s[4 * j + e]);
+      mx[1] = fmaxf(mx[1], s[4 * j + 2 + e]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+  }
+  if ((lane & 3) == 0) {
+    red[wg * 64 + r0] = mx[0];
+    red[wg * 64 + r0 + 8] = mx[1];
+  }
+  named_bar(kBarConsumers, kConsumers);  // both warpgroups' row maxima
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    const float m_new = fmaxf(m_run[h], fmaxf(red[r], red[64 + r]));
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing valid yet: any finite shift works
+    alpha[h] = exp2f(m_run[h] - m_use);
+    l_run[h] *= alpha[h];
+    m_run[h] = m_new;
+    mx[h] = m_use;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = 32 * wg + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2f(s[4 * j + 2 * h] - mx[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - mx[h]);
+      l_run[h] += p0 + p1;
+      const int r = r0 + 8 * h;
+      const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(p_tile + r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) = pb;
+    }
+  }
+}
+
+// O (this thread's 128 accumulators: rows r0 / r0 + 8 alternate in pairs) times the softmax rescale of its two rows.
+__device__ __forceinline__ void rescale_o(float* acc, const float* alpha) {
+#pragma unroll
+  for (int k = 0; k < 128; k += 4) {
+    acc[k] *= alpha[0];
+    acc[k + 1] *= alpha[0];
+    acc[k + 2] *= alpha[1];
+    acc[k + 3] *= alpha[1];
+  }
+}
+
+// Row sums of both warpgroups (lsum, one named barrier), then normalise and store: out / lse (one split) or the fp32
+// partials (split-KV). Both warpgroups hold the same running max.
+__device__ __forceinline__ void finish(const float* acc, const float* m_run, float* l_run, float* lsum,
+                                       const float* sink, __nv_bfloat16* out, float* lse, float* part_o,
+                                       float* part_lse, const Params& p, int64_t tok, int hb, int split, int wg, int r0,
+                                       int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+  }
+  if ((lane & 3) == 0) {
+    lsum[wg * 64 + r0] = l_run[0];
+    lsum[wg * 64 + r0 + 8] = l_run[1];
+  }
+  named_bar(kBarConsumers, kConsumers);
+  const int col0 = 256 * wg + 2 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = hb * kH + r0 + 8 * h;
+    const float m = m_run[h];
+    const float l_tot = lsum[r0 + 8 * h] + lsum[64 + r0 + 8 * h];
+    if (p.num_splits == 1) {
+      float m_f = m, sink_h = 0.f, sink2 = 0.f;
+      if (p.has_sink) {
+        sink_h = sink[head];
+        sink2 = sink_h * 1.4426950408889634f;
+        m_f = fmaxf(m, sink2);
+      }
+      if (m_f == -INFINITY) m_f = 0.f;
+      const float a = exp2f(m - m_f);
+      float l_f = l_tot * a;
+      if (p.has_sink) l_f += exp2f(sink2 - m_f);
+      const bool has = l_f > 0.f;
+      const float so = has ? a / l_f : 0.f;
+      __nv_bfloat16* orow = out + tok * p.stride_ot + (int64_t)head * p.stride_oh;
+#pragma unroll
+      for (int jn = 0; jn < 32; ++jn) {
+        *reinterpret_cast<__nv_bfloat162*>(orow + col0 + 8 * jn) =
+            __floats2bfloat162_rn(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
+      }
+      if (wg == 0 && (lane & 3) == 0) {
+        float lv = has ? (m_f + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
+        if (p.has_sink && m == -INFINITY) lv = sink_h;
+        lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
+      }
+    } else {
+      const bool has = l_tot > 0.f;
+      const float so = has ? 1.f / l_tot : 0.f;
+      const int64_t prow = (tok * p.num_splits + split) * (int64_t)p.H + head;
+      float* orow = part_o + prow * kD;
+#pragma unroll
+      for (int jn = 0; jn < 32; ++jn) {
+        *reinterpret_cast<float2*>(orow + col0 + 8 * jn) =
+            make_float2(acc[4 * jn + 2 * h] * so, acc[4 * jn + 2 * h + 1] * so);
+      }
+      if (wg == 0 && (lane & 3) == 0) part_lse[prow] = has ? m + log2f(l_tot) : -INFINITY;
+    }
+  }
+}
+
+// Softmax of tile i (S_i complete in s), O *= alpha_i, P_i published (barrier), O += P_i V_i; then stage i released.
+__device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, int i,
+                                           uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
+                                           float qk_scale) {
+  const int st = i % kStages;
+  const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
+  float* red = reinterpret_cast<float*>(smem + Smem::red) + (i & 1) * 128;
+  uint8_t* p_tile = smem + Smem::p + (i & 1) * kSub;
+  float alpha[2];
+  softmax_tile(s, alpha, m_run, l_run, s_rows, red, p_tile, wg, r0, lane, qk_scale);
+  rescale_o(acc, alpha);
+  fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
+  named_bar(kBarConsumers, kConsumers);  // both halves of P_i written
+  reg_fence<128>(acc);
+  wg_arrive();
+  issue_pv(acc, smem_u32(p_tile), kv_base, wg);
+  wg_commit();
+  wg_wait<0>();
+  reg_fence<128>(acc);
+  mbar_arrive(bar_empty + 8 * st);
+}
+
+// Consumer warpgroups. Per tile i: [S_i complete] softmax_i (max barrier), O *= alpha_i, P barrier, P_i V_i; stage i
+// released as soon as P_i V_i is done, BEFORE waiting for tile i + 1: with two stages the gather of tile i + 2 can
+// then overlap the wait for tile i + 1 (the producer is the bottleneck: ws2 producer-only 77 of the serial 92 us).
+// The price: the tensor pipe drains between P_i V_i and S_{i+1} (issuing them back to back would tie the release of
+// stage i to the arrival of tile i + 1 and serialise the gathers).
+template <int MODE>
+__device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
+                                         float* lse, float* part_o, float* part_lse, const Params& p, int64_t tok,
+                                         int hb, int split, int n, int tid, uint32_t bar_full, uint32_t bar_empty) {
+  const int wg = tid >> 7, lane = tid & 31;
+  const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
+  const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
+  {  // Q [64 heads, 512] -> swizzled smem (both warpgroups), while the producer gathers the first tiles
+    const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
+    const int c = tid & 63;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int r = (tid >> 6) + 4 * i;
+      cp_async16(q_base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
+    }
+    cp_commit();
+    cp_wait_all();
+    fence_async_smem();
+    named_bar(kBarConsumers, kConsumers);
+  }
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  float s[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  constexpr uint32_t kStep = MODE == kConsumerOnly ? 0 : kStageBytes;  // consumer-only: always stage 0
+  if constexpr (MODE == kProducerOnly) {  // ablation: hand every tile straight back
+    for (int i = 0; i < n; ++i) {
+      mbar_wait(bar_full + 8 * (i % kStages), (i / kStages) & 1);
+      mbar_arrive(bar_empty + 8 * (i % kStages));
+    }
+    n = 0;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int st = i % kStages;
+    mbar_wait(bar_full + 8 * st, (i / kStages) & 1);
+    fence_async_smem();
+    reg_fence<16>(s);
+    wg_arrive();
+    issue_scores(s, q_base, ring_base + st * kStep, wg);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence<16>(s);
+    softmax_pv(s, acc, m_run, l_run, smem, i, ring_base + st * kStep, bar_empty, wg, r0, lane, p.qk_scale);
+  }
+  finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, tok, hb,
+         split, wg, r0, lane);
+}
+
+// ------------------------------------------------------------------------------------------------ kernel
+
+template <bool FP8, int MODE>
+__global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
+    ws3_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv, const int* __restrict__ idx,
+                      const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                      float* __restrict__ part_o, float* __restrict__ part_lse, Params p) {
+  using C = Cfg<FP8>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // Dynamic shared memory is only 16-byte aligned by contract: align to 1 KiB (the swizzle atom) by hand.
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
+  const int tid = threadIdx.x;
+  const int num_hb = p.H / kH;
+  const int hb = blockIdx.x % num_hb;
+  const int split = (blockIdx.x / num_hb) % p.num_splits;
+  const int64_t tok = blockIdx.x / (num_hb * p.num_splits);
+  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  const int lo = split * p.tiles_per_split;
+  const int n = max(min(lo + p.tiles_per_split, n_tiles) - lo, 0);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + 8 * s, C::kProducers);
+      mbar_init(bar_empty + 8 * s, kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid >= kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    producer<FP8, MODE>(smem, kv, idx + tok * p.stride_it, p, lo, n, tid - kConsumers, bar_full, bar_empty);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+    consumer<MODE>(smem, q, sink, out, lse, part_o, part_lse, p, tok, hb, split, n, tid, bar_full, bar_empty);
+  }
+}
+
+template <bool FP8, int MODE>
+static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
+  const int smem = Smem::total + 1024;  // + alignment slack
+  auto kern = ws3_decode_kernel<FP8, MODE>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return (int)e;
+  const Params& p = a.p;
+  const int64_t grid = (int64_t)a.num_tokens * p.num_splits * (p.H / kH);
+  if (grid <= 0) return 0;
+  kern<<<(unsigned)grid, Cfg<FP8>::kThreads, smem, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
+      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
+      reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
+      reinterpret_cast<float*>(a.part_lse), p);
+  return (int)cudaGetLastError();
+}
+
+template <bool FP8>
+static int launch_mode(const LaunchArgs& a, int mode, cudaStream_t s) {
+  switch (mode) {
+    case kFull: return launch_impl<FP8, kFull>(a, s);
+    case kProducerOnly: return launch_impl<FP8, kProducerOnly>(a, s);
+    case kConsumerOnly: return launch_impl<FP8, kConsumerOnly>(a, s);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace fm_ws3
+
+int fm_ws3_launch(const fm_ws::LaunchArgs& a, bool fp8, int mode, uintptr_t stream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  return fp8 ? fm_ws3::launch_mode<true>(a, mode, s) : fm_ws3::launch_mode<false>(a, mode, s);
+}
+
+int fm_ws3_smem_bytes(bool fp8) {
+  (void)fp8;  // same layout for both caches: FP8 rows are dequantised by the producers straight into the ring
+  return fm_ws3::Smem::total + 1024;
+}
+
+int fm_ws3_block_rows() { return fm_ws3::kBN; }
+
+int fm_ws3_threads(bool fp8) { return fp8 ? fm_ws3::Cfg<true>::kThreads : fm_ws3::Cfg<false>::kThreads; }
