@@ -140,22 +140,33 @@ def _hash_bytes(args: tuple, out: object) -> int:
 
 _MHC = _launcher("triton_mhc", "mhc_pre_triton")
 _MHC_HEAD = _launcher("triton_mhc", "mhc_head_triton")
-# triton_mhc_fused's FUSED_CONFIGS (last split finishes) and SPIN_CONFIGS (finish spread over F programs)
-MHC_FUSED_CONFIGS = ("default", "spin", "bt32_s32", "bt16_s16", "bt64_s16", "spin_bt64")
+# impl="twopass_l2" configs (triton_mhc_twopass.py, prepared in session 4: every program mixes one token block and
+# finishes one mixed LAG blocks earlier): default at every t (the head: only it); for mhc_pre from 4,096 tokens up,
+# where the L2 re-read matters, more (self_bt16: the "each program re-reads its own 16-token block" design)
+MHC_TWOPASS_CONFIGS = ("default", "prefetch", "self_bt16", "evict", "w4_lag24", "s8_lag24", "bt64")
+MHC_TWOPASS_CONFIGS_4096 = ("default", "prefetch", "self_bt16", "evict", "w4_lag24")
+# triton_mhc_fused: only its best config of session 4 per size is timed (spin_bt64 at >= 4,096 tokens, spin below;
+# the others ran 0.09-0.41x the two launches in sessions 3-4: kept in the code and the GPU tests)
+MHC_FUSED_BEST = ("spin_bt64", "spin")
 # ops whose named configs run at every token count, not only the largest (RoPE and pooling: is a config that wins at
 # 16,384 tokens also no slower at 4,096, 64 and 1?)
 KEEP_VARIANTS = ("mhc_pre", "mhc_head", "apply_rope_interleaved", "softmax_pool")
 
 
 def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
-    """The one-launch kernel (impl="fused") next to the API's two launches: its default and "spin" configs at
-    every t, the other configs from 4,096 tokens up (where the L2 re-read matters) when all_configs (mhc_pre;
-    the head is the same kernel: two configs, each JIT compile costs seconds)."""
-    names = MHC_FUSED_CONFIGS if t >= 4096 and all_configs else MHC_FUSED_CONFIGS[:2]
-    return {
-        ("fused" if cfg == "default" else f"fused_{cfg}"): functools.partial(fn, impl="fused", config=cfg)
+    """The one-launch kernels next to the API's two launches: impl="twopass_l2" ("twopass" = its default config;
+    more configs at >= 4,096 tokens when all_configs, i.e. mhc_pre: the head is the same kernel and each JIT compile
+    costs seconds) and impl="fused"'s best config of session 4 for the size."""
+    names: tuple[str, ...] = ("default",)
+    if all_configs and t >= 4096:
+        names = MHC_TWOPASS_CONFIGS if t > 4096 else MHC_TWOPASS_CONFIGS_4096
+    out = {
+        ("twopass" if cfg == "default" else f"twopass_{cfg}"): functools.partial(fn, impl="twopass_l2", config=cfg)
         for cfg in names
     }
+    fused = MHC_FUSED_BEST[0] if all_configs and t >= 4096 else MHC_FUSED_BEST[1]
+    out[f"fused_{fused}"] = functools.partial(fn, impl="fused", config=fused)
+    return out
 
 
 def _routing(dev: str, t: int, seed: int) -> torch.Tensor:

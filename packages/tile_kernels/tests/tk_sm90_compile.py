@@ -20,6 +20,7 @@ from deepinfer.tile_kernels.backends.cuda import triton_fused as f
 from deepinfer.tile_kernels.backends.cuda import triton_hadamard as hd
 from deepinfer.tile_kernels.backends.cuda import triton_mhc as mh
 from deepinfer.tile_kernels.backends.cuda import triton_mhc_fused as mf
+from deepinfer.tile_kernels.backends.cuda import triton_mhc_twopass as tp
 from deepinfer.tile_kernels.backends.cuda import triton_moe as mo
 from deepinfer.tile_kernels.backends.cuda import triton_pool as p
 from deepinfer.tile_kernels.backends.cuda import triton_quant as q
@@ -30,13 +31,25 @@ T = GPUTarget("cuda", 90, 32)
 FAILED: list[str] = []
 
 
-def go(name: str, fn, sig: dict, cx: dict, warps: int = 4, fusion: bool = True) -> str | None:  # noqa: ANN001
-    """Compile fn with the signature and constexprs; print OK (with the PTX's fma count) or FAIL."""
+def go(
+    name: str,
+    fn,  # noqa: ANN001
+    sig: dict,
+    cx: dict,
+    warps: int = 4,
+    fusion: bool = True,
+    stages: int = 3,
+    maxnreg: int = 0,
+) -> str | None:
+    """Compile fn with the signature and constexprs (num_stages: stages; maxnreg: a register cap, 0: none); print OK
+    (with the PTX's fma count) or FAIL; returns the PTX (None on failure)."""
     sig = dict(sig)
     sig.update({k: "constexpr" for k in cx})
     t0 = time.time()
     try:
-        opts = {"num_warps": warps, "enable_fp_fusion": fusion}
+        opts = {"num_warps": warps, "enable_fp_fusion": fusion, "num_stages": stages}
+        if maxnreg:
+            opts["maxnreg"] = maxnreg
         ptx = triton.compile(ASTSource(fn, sig, constexprs=cx), target=T, options=opts).asm["ptx"]
     except Exception as e:  # noqa: BLE001 (report every variant)
         FAILED.append(name)
@@ -427,6 +440,20 @@ for head in (False, True):
         cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": mh.MIX_BLOCK_K, "BLOCK_D": bd}
         cx.update({"BLOCK_S": bs, "PRECISION": "bf16x3", "HEAD": head})
         go(f"mhc spin head={head} {name}", mf._mhc_spin_kernel, sps, cx, warps)
+
+# one-launch mHC, every program mixes a block and finishes an earlier one (triton_mhc_twopass.py): pre with each
+# config's constexprs, head with the default's
+for head in (False, True):
+    for name, c in tp.TWOPASS_CONFIGS.items():
+        if head and name != "default":
+            continue
+        tps = {**fus, "post_ptr": "*bf16" if head else "*fp32", "comb_ptr": "*bf16" if head else "*fp32"}
+        tps.update({"n_blocks": "i32", "lag": "i32", "d_per_fin": "i32", "spin_limit": "i32"})
+        tps = {k: tps[k] for k in tp._mhc_twopass_kernel.arg_names if k in tps}  # the kernel's argument order
+        cx = {"HC": 4, "D": 4096, "BLOCK_T": c.block_t, "BLOCK_K": c.block_k, "BLOCK_D": c.block_d}
+        cx.update({"BLOCK_S": c.block_s, "PRECISION": "bf16x3", "HEAD": head, "PREFETCH": c.prefetch})
+        cx.update({"MIX_EVICT": "evict_last" if c.evict else "", "FIN_EVICT": "evict_first" if c.evict else ""})
+        go(f"mhc twopass head={head} {name}", tp._mhc_twopass_kernel, tps, cx, c.warps, True, c.stages, c.maxnreg)
 
 # MoE permute / un-permute (triton_moe.py)
 for it in ("*i64", "*i32"):
