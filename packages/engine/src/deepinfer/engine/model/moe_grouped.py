@@ -1,7 +1,8 @@
 """All routed experts in two grouped GEMMs (CUDA, bf16) instead of a Python loop over experts.
 
-Interim fast path until deep_gemm's FP8/FP4 grouped kernels land (issue 6): the experts' weights are
-dequantised once into stacked bf16 tensors and run through `torch._grouped_mm` (SM90 grouped GEMM).
+FP4 experts run deep_gemm's FP4-weight grouped GEMM on the stored weights (`DEEPINFER_MOE_FP4`, default on);
+other experts' weights are dequantised once into stacked bf16 tensors and run through `torch._grouped_mm` (SM90
+grouped GEMM).
 Token-expert pairs are sorted by expert; `offs` holds each expert's end row, so empty experts cost nothing.
 """
 
