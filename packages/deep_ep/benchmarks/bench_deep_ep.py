@@ -16,9 +16,11 @@ what the Buffer ran before) and vs a bare `all_to_all_single` of the same payloa
 timed in the same run. `matches_reference` says whether the fast path's outputs were bit-identical to the
 reference's on these inputs. Impls: `fast-triton` (the default, synced: one host read of the counts),
 `fast-nosync` (`num_worst_tokens` = t * R: no host sync, counts on the GPU; eager calls) and
-`fast-nosync-graph` (the same calls replayed from a CUDA graph: GPU time only), `fast-torch` (fallback
-movers), `nccl-reference`, `nccl-a2a-only`. The JSON (rank 0) is written after every case, so a partial run
-leaves a file; each rank exits after DEADLINE_S (170 s).
+`fast-nosync-graph` (the same calls replayed from a CUDA graph: GPU time only), `fast-overlap` /
+`fast-overlap-graph` (the overlapped variant, `overlap=True`, prepared in session 4), `fast-torch` (fallback
+movers), `nccl-reference`, `nccl-a2a-only`. `--cases` runs a subset (e.g. `--cases nosync,reference,overlap`).
+The JSON (rank 0) is written after every case, so a partial run leaves a file; each rank exits after
+DEADLINE_S (170 s).
 Low-latency mode at 1 / 32 / 128 tokens per rank: dispatch bf16 / FP8, combine, and dispatch (FP8) +
 combine, through the fast path (`fast-ll`: eager calls; `fast-ll-graph`: the pair replayed from a CUDA graph,
 GPU time only, how decode runs it) and the NCCL reference (`reference_ll`); GB/s counts the (token, expert)
@@ -61,6 +63,8 @@ DEADLINE_S = 170.0  # a rank still running then exits (a hung collective must no
 FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
+CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch")  # run order; --cases picks some
+CASES_ENV = "DEEPINFER_EP_BENCH_CASES"  # how --cases reaches the rank processes
 
 
 def log(msg: str) -> None:
@@ -225,10 +229,12 @@ def _meta_bytes(run: Run) -> int:
     return 12 * run.cfg["topk"] + 8
 
 
-def _matches_worst(run: Run, buf: Buffer, worst: int) -> bool:
-    """No-sync dispatch (bf16, FP8): the received rows equal the reference's bit for bit; combine too; every rank."""
+def _matches_worst(run: Run, buf: Buffer, worst: int, overlap: bool = False) -> bool:
+    """No-sync dispatch (bf16, FP8): the received rows equal the reference's bit for bit; combine too; every rank.
+    overlap: through the overlapped variant (and it must have run)."""
     c, ok = run.cfg, True
-    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst}
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
+            "overlap": overlap}  # fmt: skip
     for payload in (run.x, run.x8):
         got = buf.dispatch(payload, **args)
         want = ref.dispatch(run.comm, payload, run.idx, run.w, c["experts"], None, 1)
@@ -236,7 +242,7 @@ def _matches_worst(run: Run, buf: Buffer, worst: int) -> bool:
         pairs = [(got[0], want[0])] if not isinstance(payload, tuple) else list(zip(got[0], want[0]))
         ok &= all(torch.equal(a[:n].view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
         ok &= torch.equal(got[1][:n], want[1]) and torch.equal(got[2][:n], want[2]) and got[3].tolist() == want[3]
-        ok &= got[4].device_counts is not None  # the no-sync path ran
+        ok &= got[4].device_counts is not None and got[4].overlap == overlap  # the no-sync path (variant) ran
     y = torch.randn(worst, c["hidden"], device=run.device).bfloat16()
     ok &= torch.equal(buf.combine(y, got[4]), ref.combine(run.comm, y[:n], want[4], None)[0])
     everyone = [None] * run.world
@@ -280,12 +286,59 @@ def bench_nosync(run: Run) -> None:
     buf.destroy()
 
 
+def bench_overlap(run: Run) -> None:
+    """The overlapped no-sync variant, dispatch(num_worst_tokens=t * R, overlap=True) and its combine: rows
+    `fast-overlap` (eager) and `fast-overlap-graph` (CUDA-graph replays) to set beside fast-nosync(-graph), and
+    its GPU stages (dispatch: layout, overlap; combine: overlap). Cached dispatch is the no-sync one (not timed)."""
+    os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    c = run.cfg
+    worst = c["tokens"] * run.world
+    buf = Buffer(run.group)
+    t0 = time.time()
+    try:
+        matches = None if run.smoke else _matches_worst(run, buf, worst, overlap=True)
+    except Exception as exc:  # noqa: BLE001
+        log(f"fast-overlap: reference comparison failed: {type(exc).__name__}: {exc}")
+        log(traceback.format_exc())
+        matches = None
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
+            "overlap": True}  # fmt: skip
+    h, meta = c["hidden"], _meta_bytes(run)
+    recv_x, _, _, _, handle = buf.dispatch(run.x, **args)
+    used = "reference (fast path unavailable)"
+    if buf._fast:
+        used = f"{type(buf._fast).__name__}/{buf._fast.impl}/" + ("overlap" if handle.overlap else "nosync")
+    kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
+    if run.rank == 0:
+        log(f"fast-overlap: compiled + checked in {time.time() - t0:.1f} s ({used})")
+    ops = {
+        "dispatch bf16": (lambda: buf.dispatch(run.x, **args), run.cross_bytes(2 * h + meta)),
+        "dispatch fp8": (lambda: buf.dispatch(run.x8, **args), run.cross_bytes(h + h // 32 + meta)),
+        "combine bf16": (lambda: buf.combine(recv_x, handle), run.cross_bytes(2 * h, combine=True)),
+    }
+    for op, (fn, nbytes) in ops.items():
+        if run.smoke and op == "dispatch fp8":  # the interpreter is slow
+            continue
+        run.record(op, "fast-overlap", nbytes, fn, **kw)
+    if handle.overlap and not run.smoke:  # the interpreter has no graphs
+        for op, (fn, nbytes) in ops.items():
+            run.record(op, "fast-overlap-graph", nbytes, fn, timer_mode="graph", **kw)
+        for op in ("dispatch bf16", "combine bf16"):
+            bench_stages(run, ops[op][0], op, "fast-overlap", **kw)
+        if buf._fast._overlap_state.timed_out():  # garbage rows: say so in the JSON
+            log("fast-overlap: a wait gave up (timeout flag set)")
+            run.records.append({"op": "overlap waits", "impl": "fast-overlap", "error": "a wait timed out"})
+            run.save()
+    buf.destroy()
+
+
 def bench_stages(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
     """GPU time of each stage of one no-sync call (`_nosync.STAGES` events): the GPU first sleeps ~10 ms so
     that the host has queued the whole call before it starts, so the gaps between the events are GPU time,
     not launch latency. Ranks are aligned before each call; a barrier stage includes waiting for the peer.
     Stages (median us): dispatch = layout, exchange (count rows + barrier), plan, push, barrier, copy_out;
-    combine = barrier0, send, barrier1, reduce. median_us = their sum."""
+    combine = barrier0, send, barrier1, reduce (the overlapped variant: dispatch = layout, overlap; combine =
+    overlap). median_us = their sum."""
     import deepinfer.deep_ep._nosync as nosync
 
     c = run.cfg
@@ -531,11 +584,19 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
     timer.start()
     run = Run(smoke, out, warmup, rep)
     log(f"rank {run.rank}/{run.world} on {run.device}: {run.cfg}")
-    bench_low_latency(run)
-    bench_fast(run, "triton")
-    bench_nosync(run)  # issue 7's open goal: dispatch / combine >= 300 GB/s
-    bench_reference(run)
-    bench_fast(run, "torch")  # the fallback movers last: the first thing to lose to the deadline
+    cases = set(os.environ.get(CASES_ENV, ",".join(CASES)).split(","))
+    if "ll" in cases:
+        bench_low_latency(run)
+    if "fast" in cases:
+        bench_fast(run, "triton")
+    if "nosync" in cases:
+        bench_nosync(run)  # issue 7's open goal: dispatch / combine >= 300 GB/s
+    if "reference" in cases:
+        bench_reference(run)
+    if "overlap" in cases:
+        bench_overlap(run)  # the variant prepared in session 4 (not GPU-run yet)
+    if "torch" in cases:
+        bench_fast(run, "torch")  # the fallback movers last: the first thing to lose to the deadline
     run.save()
     if run.rank == 0 and out:
         log(f"wrote {out}")
@@ -605,7 +666,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rep", type=int, default=20)
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     args = p.parse_args(argv)
+    bad = set(args.cases.split(",")) - set(CASES)
+    if bad:
+        p.error(f"--cases: expected names from {','.join(CASES)}, got {sorted(bad)}")
+    os.environ[CASES_ENV] = args.cases
     if args.table:
         print(table(args.table))
         return

@@ -155,6 +155,45 @@ def _nosync_cases(results: list[tuple[str, bool]]) -> None:
                  torch.zeros(cap, k), torch.zeros(t, k))  # fmt: skip
 
 
+def _overlap_cases(results: list[tuple[str, bool]]) -> None:
+    from deepinfer.deep_ep._overlap import CombineLayout, DispatchLayout, tag_bytes
+    from deepinfer.deep_ep.backends.triton import overlap as ov
+
+    t, k, e, cap = 64, 6, 256, 200
+    for r in (2, 8):
+        for fp8 in (False, True):
+            widths = [4096, 128] if fp8 else [8192]
+            lay = DispatchLayout.of(r, e, cap, widths, k, tag_bytes(r, cap, widths))
+            bufs = [torch.zeros(lay.nbytes, dtype=torch.uint8) for _ in range(r)]
+            ctr, done = torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int32)
+            idx, w = torch.zeros(t, k, dtype=torch.int64), torch.zeros(t, k)
+            nb = ov.num_blocks(t)
+            sizes = {"bcnt": r * nb, "bstat": nb * (2 + r), "bexp": nb * e}
+            scratch = {name: torch.zeros(n, dtype=torch.int64) for name, n in sizes.items()}
+            lpos, layout = torch.zeros(r, t, dtype=torch.int64), torch.zeros(t, r, dtype=torch.bool)
+            tag = f"R={r} fp8={fp8}"
+            _attempt(results, f"overlap layout {tag}", ov.layout, idx, None, layout, lpos, scratch, ctr, e)
+            _attempt(results, f"overlap layout given {tag}", ov.layout, idx, layout, layout, lpos, scratch, ctr, e)
+            xs = [torch.zeros(t, wb // 4, dtype=torch.int32) for wb in widths]
+            outs = [torch.zeros(cap, wb // 4, dtype=torch.int32) for wb in widths]
+            meta = (torch.zeros(cap, k, dtype=torch.int64), torch.zeros(cap, k), torch.zeros(cap, 1, dtype=torch.int64))
+            handle = (torch.zeros(r, t, dtype=torch.int64), torch.zeros(r * t, dtype=torch.int64))
+            mat, counts = torch.zeros(r * r + 2, dtype=torch.int64), torch.zeros(e // r, dtype=torch.int32)
+            _attempt(results, f"overlap dispatch {tag}", ov.dispatch, bufs, 1, ctr, done, lay, cap, lpos, scratch, xs,
+                     idx, w, handle, outs, meta, mat, counts, e, 3, [1, 4096, 0, k, cap], 1 << 27)  # fmt: skip
+        for weights in (False, True):
+            fields = [torch.zeros(cap, 4096, dtype=torch.bfloat16)] + ([torch.zeros(cap, k)] if weights else [])
+            crb = [f.shape[1] * f.element_size() for f in fields]
+            clay = CombineLayout.of(r, cap, crb, tag_bytes(r, cap, crb))
+            cbufs = [torch.zeros(clay.nbytes, dtype=torch.uint8) for _ in range(r)]
+            outs = [torch.zeros(t, f.shape[1], dtype=f.dtype) for f in fields]
+            words = [f.view(torch.int32) for f in fields]
+            pos = torch.zeros(r, t, dtype=torch.int64)
+            _attempt(results, f"overlap combine R={r} weights={weights}", ov.combine, cbufs, 0, ctr, done, clay, cap,
+                     pos, mat, fields, words, outs, 1 << 27)  # fmt: skip
+        _attempt(results, f"overlap bump R={r}", ov.bump, ctr, 1)
+
+
 def main() -> int:
     print(f"triton {triton.__version__} ({triton.__file__}), target sm_90", flush=True)
     driver.set_active(_StubDriver())
@@ -162,6 +201,7 @@ def main() -> int:
     _ll_cases(results)
     _fused_cases(results)
     _nosync_cases(results)
+    _overlap_cases(results)
     for name, ok in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     return 0 if all(ok for _, ok in results) else 1

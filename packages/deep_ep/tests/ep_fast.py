@@ -8,6 +8,7 @@ holes, a token routed nowhere, and per-rank token counts that differ (rank 1 may
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -138,10 +139,13 @@ def _rows_equal(got: object, want: object, n: int) -> bool:
     return got.shape[0] >= n and same_bits(got[:n], want)
 
 
-def check_worst_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]) -> None:
+def check_worst_vs_reference(
+    buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int], overlap: bool = False
+) -> None:
     """dispatch(num_worst_tokens=W) (no host sync on the Triton fast path, padded synced path elsewhere):
     the first received rows equal the reference's bit for bit, the padding is -1 / 0, counts come back as a
-    tensor; cached dispatch and combine (+ weights) through the W-row handle; then a W too small is flagged."""
+    tensor; cached dispatch and combine (+ weights) through the W-row handle; then a W too small is flagged.
+    overlap: the overlapped variant (`_overlap.py`) on the rows of whole words (bf16, FP8 + fp32 scales)."""
     rank, world, dev = buf.rank, buf.group_size, buf_device(buf)
     comm = Comm(buf.group)
     xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
@@ -150,8 +154,12 @@ def check_worst_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: i
     x8 = to_fp8(x, seed + rank)
     for payload in (x, x8, (x8[0], x8[1].to(torch.float8_e8m0fnu))):
         got = buf.dispatch(payload, topk_idx=idx, topk_weights=w, num_experts=num_experts, expert_alignment=3,
-                           num_worst_tokens=worst)  # fmt: skip
+                           num_worst_tokens=worst, overlap=overlap)  # fmt: skip
         want = ref.dispatch(comm, payload, idx, w, num_experts, None, 3)
+        parts = payload if isinstance(payload, tuple) else (payload,)
+        whole = all(math.prod(p.shape[1:]) * p.element_size() % 4 == 0 for p in parts)  # rows of int32 words
+        on_fast = isinstance(buf._fast, IntranodeNormal) and buf._fast.impl == "triton"
+        assert got[4].overlap == (overlap and whole and on_fast), f"rank {rank}: overlap ran {got[4].overlap}"
         n = want[1].shape[0]
         assert _rows_equal(got[0], want[0], n), f"rank {rank}: recv_x differs from the reference"
         assert got[1].shape == (worst, k) and same_bits(got[1][:n], want[1]), f"rank {rank}: recv_topk_idx"
@@ -187,7 +195,8 @@ def check_worst_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: i
     if handle.device_counts is not None:  # no-sync: a bound too small is reported by check(), on every rank
         received = [None] * world
         dist.all_gather_object(received, n, group=buf.group)
-        small = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=num_experts, num_worst_tokens=1)[4]
+        small = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=num_experts, num_worst_tokens=1,
+                             overlap=overlap)[4]  # fmt: skip
         try:
             small.check()
         except ValueError as exc:
@@ -196,9 +205,12 @@ def check_worst_vs_reference(buf: Buffer, seed: int, hidden: int, num_experts: i
             assert max(received) <= 1, f"rank {rank}: no error for a bound of 1 row (received {received})"
 
 
-def worst_graph_equals_eager(buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]) -> None:
+def worst_graph_equals_eager(
+    buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int], overlap: bool = False
+) -> None:
     """CUDA only: no-sync dispatch (bf16 and FP8), a cached dispatch and combine (+ weights) captured in one CUDA
-    graph and replayed 3 times equal the eager calls bit for bit (the received rows of W-row outputs)."""
+    graph and replayed 3 times equal the eager calls bit for bit (the received rows of W-row outputs).
+    overlap: the overlapped variant (its epochs advance on every replay)."""
     rank, dev = buf.rank, buf_device(buf)
     xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
     x, idx, w = xs[rank], idxs[rank], ws[rank]
@@ -208,6 +220,7 @@ def worst_graph_equals_eager(buf: Buffer, seed: int, hidden: int, num_experts: i
     y = torch.randn(worst, hidden, generator=g).bfloat16().to(dev)
     rw = torch.rand(worst, k, generator=g).to(dev)
     args = {"topk_idx": idx, "topk_weights": w, "num_experts": num_experts, "num_worst_tokens": worst}
+    args["overlap"] = overlap
 
     def step() -> list[torch.Tensor]:
         a = buf.dispatch(x, **args)
@@ -217,6 +230,7 @@ def worst_graph_equals_eager(buf: Buffer, seed: int, hidden: int, num_experts: i
         return [a[0], a[1], a[2], b[0][0], b[0][1], b[1], cached, a[3], a[4].device_counts, out, out_w]
 
     eager = [v.clone() for v in step()]  # first call: grows the buffers outside the graph
+    assert buf.dispatch(x, **args)[4].overlap == overlap, "the overlapped variant did not run"
     assert eager[8] is not None, "the no-sync path did not run"
     n = int(eager[8][-2])
     torch.cuda.synchronize()

@@ -30,3 +30,10 @@ def test_low_latency_fast_path_gloo_shm_2_ranks() -> None:
     """The low-latency fast path on CPU (shared memory, Triton interpreter) against reference_ll."""
     env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1"}
     launch(2, seed=61, timeout_s=150.0, env=env, scenario="llfast")
+
+
+def test_overlap_variant_gloo_shm_3_and_2_ranks() -> None:
+    """dispatch(num_worst_tokens=W, overlap=True) and its combine (prepared in session 4) on CPU: shared memory,
+    Triton interpreter, the waits across processes; bit-exact with the reference, padding, counts, W too small."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    launch(3, seed=81, timeout_s=150.0, env=env, scenario="overlap")

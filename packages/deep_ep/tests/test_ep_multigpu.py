@@ -28,3 +28,11 @@ def test_fast_path_two_gpus_matches_reference() -> None:
 def test_low_latency_fast_path_two_gpus() -> None:
     """LL fast path vs reference_ll at 1 / 32 / 128 tokens (V4-Flash shapes), then CUDA graph replays == eager."""
     launch(2, seed=71, timeout_s=300.0, env=NO_MULTICAST, scenario="llcuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_overlap_variant_two_gpus() -> None:
+    """dispatch(num_worst_tokens=W, overlap=True) + its combine (prepared in session 4, not GPU-run yet) vs the
+    NCCL reference at V4-Flash shapes (uneven ranks incl. an empty one), then CUDA-graph replays == eager."""
+    launch(2, seed=91, timeout_s=420.0, env=NO_MULTICAST, scenario="overlapcuda")

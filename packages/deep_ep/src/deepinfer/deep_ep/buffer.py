@@ -154,6 +154,7 @@ class Buffer:
         expert_alignment: int = 1,
         num_experts: int | None = None,
         num_worst_tokens: int = 0,
+        overlap: bool | None = None,
     ) -> tuple[XPayload, torch.Tensor | None, torch.Tensor | None, list[int] | torch.Tensor, DispatchHandle]:
         """Normal-mode dispatch: send each token ONCE to every rank owning one of its top-k experts.
 
@@ -174,6 +175,10 @@ class Buffer:
            dispatch with this handle returns W rows. On the fast path (impl "triton") the call, a cached
            dispatch and combine queue GPU work only, so they can be captured in a CUDA graph (after one eager
            call of the same shapes); elsewhere the synced path runs and its outputs are padded to W.
+        overlap: with num_worst_tokens on the fast path, the overlapped variant (`_overlap.py`: a
+           multi-program layout scan, the count exchange folded into the push, each source's rows copied out
+           as soon as they land; its combine reduces each peer's rows as they land). Same results. None:
+           DEEPINFER_DEEP_EP_OVERLAP=1 turns it on (off by default). Ignored without num_worst_tokens.
 
         Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle):
           recv_x: like x with num_recv rows, grouped by source rank (ascending), tokens in ascending index
@@ -187,6 +192,8 @@ class Buffer:
         if handle is not None:
             return self._cached_dispatch(x, t, handle, topk_idx, topk_weights)
         check_int("num_worst_tokens", num_worst_tokens, 0)
+        if overlap is not None and not isinstance(overlap, bool):
+            raise ValueError(f"overlap: expected a bool or None, got {overlap!r}")
         if topk_idx is None or topk_weights is None:
             raise ValueError("topk_idx and topk_weights: both are required when no handle is given")
         idx, w = check_topk(topk_idx, topk_weights, t)
@@ -198,7 +205,11 @@ class Buffer:
         check_same_device(x=xt, topk_idx=idx, topk_weights=w, is_token_in_rank=is_token_in_rank)
         fast = self._fast_path(xt.device)
         if num_worst_tokens and fast is not None and fast.impl == "triton":
-            from . import _nosync
+            from . import _nosync, _overlap
+
+            if _overlap.enabled(overlap):
+                return _overlap.dispatch(fast, x, idx, w, num_experts, is_token_in_rank, expert_alignment,
+                                         num_worst_tokens)  # fmt: skip
 
             return _nosync.dispatch(fast, x, idx, w, num_experts, is_token_in_rank, expert_alignment, num_worst_tokens)
         if fast is not None:
@@ -278,7 +289,12 @@ class Buffer:
             fast = self._fast_path(x.device)
             if fast is None or fast.impl != "triton":
                 raise ValueError("handle: made by the no-sync fast path, which this Buffer no longer has")
-            combined, weights = _nosync.combine(fast, x, handle, topk_weights)
+            if handle.overlap:
+                from . import _overlap
+
+                combined, weights = _overlap.combine(fast, x, handle, topk_weights)
+            else:
+                combined, weights = _nosync.combine(fast, x, handle, topk_weights)
             return combined if weights is None else (combined, weights)
         if handle.num_worst_tokens:  # a synced dispatch padded to W: the rows past the received ones go nowhere
             real = sum(handle.recv_counts)

@@ -46,6 +46,8 @@ class DispatchHandle:
     num_worst_tokens: int = 0
     device_counts: torch.Tensor | None = None
     recv_expert_counts: torch.Tensor | None = None
+    # made by the overlapped variant (`dispatch(..., overlap=True)`): combine runs its kernels too
+    overlap: bool = False
 
     @property
     def num_recv_tokens(self) -> int:

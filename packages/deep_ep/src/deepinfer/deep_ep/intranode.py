@@ -321,6 +321,9 @@ class IntranodeNormal:
         return out.copy_(acc)
 
     def destroy(self) -> None:
+        extra = getattr(self, "_overlap_state", None)  # the overlapped variant's buffers, when it ran
+        if extra is not None:
+            extra.close()
         self._views.clear()  # the cached views hold the buffers: drop them with the transport's
         self._pos_views.clear()
         self.transport.close()

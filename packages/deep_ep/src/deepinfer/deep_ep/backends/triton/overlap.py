@@ -1,0 +1,746 @@
+"""Triton kernels of the overlapped no-sync normal mode (`_overlap.py`, `dispatch(num_worst_tokens=W, overlap=True)`).
+
+Dispatch is two launches instead of the no-sync mode's 3 + (R - 1) + barriers:
+  1. `layout`: a multi-program scan. Token block b (LAYOUT_BT tokens) writes its layout rows, every token's
+     place within the block per destination (`lpos`), its rows per destination (`bcnt` [R, nb]), its id range
+     and layout check (`bstat` [nb, 2 + R]); programs (b, expert block) count tokens per expert (`bexp` [nb,
+     E]). Program 0 also advances the dispatch epoch ctr[0] (every later kernel reads it in stream order).
+  2. `dispatch`: one launch, programs in roles ordered by program id (lower ids are dispatched first, so a
+     role that waits never keeps a role it waits for off the GPU):
+     A (1 program) reduces the block counts to our exchange row (fused.row_width's format) and writes it
+       into every rank's count area (parity ep % 2), then sets our count flag there (release, system scope);
+     B pushes our rows for each peer d into d's buffer, region of source `rank`, at the row's place in our
+       send block for d (no offset from other ranks needed: a source's region has W rows), then sets each
+       row's arrival tag ([row, column block] = ep, release) there;
+     C copies our own block into the outputs once the lower ranks' counts are in (its offset);
+     D (per peer q, persistent programs) waits for every count flag, then copies q's rows from our buffer
+       into the outputs at recv_off(q, rank), each block of rows as soon as its tags say it landed (so the
+       copy-out runs behind the peer's push instead of after a barrier);
+     E pads rows past the received count (ids -1, weights 0, source -1) and its last program writes `mat`
+       and the per-expert counts (as `nosync.plan` does).
+Combine (`combine`): after a 1-program epoch bump (ctr[1]), one launch: S sends the rows we received from
+each peer back into its combine region at their send positions (each block of rows followed by its tags;
+the last program per peer also sets our combine flag there); R sums each token in fp32 in rank order (the
+reference's order: bit for bit, one rounding), waiting for the tags of a peer's rows just before reading
+them; the last program waits for every peer's combine flag.
+
+Flags and tags are epochs that only grow (graph replays need no reset); count areas, row regions and tags
+are doubled by epoch parity so a fast rank's next call cannot overwrite what a slow peer still reads: a
+rank's call N + 1 always waits for every peer's count flag (dispatch) or combine flag (combine) of N + 1,
+which that peer sets only after finishing call N, so no rank gets two calls ahead of a peer. A wait that
+spins longer than `spin_limit` polls sets ctr[2] = 1 and proceeds (`timed_out`).
+Buffers: every rank's buffer viewed as int32 words (`peers32`, row data) and int64 (`peers64`, flags and
+counts); a peer is picked with the constexpr chains of `ll._store_peer` (stores masked off for the others).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .ll import _and, _flag_peer, _peers8, _store_peer
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+BLOCK_T = 32 if INTERPRET else 4  # rows per mover step (the tuned gather's shape on the GPU)
+BLOCK_W = 1024  # words per mover step
+LAYOUT_BT = 32 if INTERPRET else 128  # tokens per layout block program
+LAYOUT_BE = 32  # experts per counting program
+MAX_K = 16  # top-k slots a row (the copy-out moves a row's metadata as one 32-word block)
+MAX_PERSIST = 2 if INTERPRET else 128  # persistent programs per peer (copy-out) / for the padding
+NEVER = tl.constexpr(-7)  # compare value of the acquiring CAS: never equal to a flag, so it never writes
+FLAG_CNT = tl.constexpr(0)  # int64 flags at the head of the dispatch buffer: [count flags (8)]
+FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
+ERR_SIG: tl.constexpr = tl.constexpr(1)  # the error bits of nosync.ERRORS
+ERR_IDS: tl.constexpr = tl.constexpr(2)
+ERR_LAYOUT: tl.constexpr = tl.constexpr(4)
+ERR_OVERFLOW: tl.constexpr = tl.constexpr(8)
+BIG: tl.constexpr = tl.constexpr(1 << 62)
+
+
+def _p2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 2))
+
+
+# ------------------------------------------------------------------------------------------------- layout
+@triton.jit
+def _layout_block(blk, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_rank, num_experts, nb,
+                  R: tl.constexpr, RP: tl.constexpr, HAS_GIVEN: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr):  # fmt: skip
+    """Token block blk: layout, in-block places per destination, rows per destination, id range, checks."""
+    toks = blk * BT + tl.arange(0, BT)
+    tm = toks < t
+    kk = tl.arange(0, BK)
+    m2 = tm[:, None] & (kk < k)[None, :]
+    ids = tl.load(idx + toks.to(tl.int64)[:, None] * k + kk[None, :], mask=m2, other=-1).to(tl.int64)
+    ok = (ids >= 0) & (ids < num_experts)
+    owner = tl.where(ok, ids.to(tl.int32) // per_rank, -1)
+    rr = tl.arange(0, RP)
+    bad = tl.zeros((RP,), dtype=tl.int64)
+    for d in tl.static_range(R):
+        in_rank = tl.where(tm, tl.max((owner == d).to(tl.int32), axis=1), 0)
+        before = tl.cumsum(in_rank, axis=0) - in_rank
+        tl.store(lpos + d * t + toks, tl.where(in_rank > 0, before, -1).to(tl.int64), mask=tm)
+        tl.store(layout + toks.to(tl.int64) * R + d, in_rank.to(tl.uint8), mask=tm)
+        tl.store(bcnt + d * nb + blk, tl.sum(in_rank, axis=0).to(tl.int64))
+        if HAS_GIVEN:
+            g = tl.load(given + toks.to(tl.int64) * R + d, mask=tm, other=0).to(tl.int32)
+            miss = tl.max(tl.where(tm & (g != in_rank), 1, 0), axis=0).to(tl.int64)
+            bad = tl.maximum(bad, tl.where(rr == d, miss, 0))
+    lo = tl.min(tl.min(tl.where(m2, ids, BIG), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(m2, ids, -BIG), axis=1), axis=0)
+    tl.store(bstat + blk * (2 + R), lo)
+    tl.store(bstat + blk * (2 + R) + 1, hi)
+    tl.store(bstat + blk * (2 + R) + 2 + rr, bad, mask=rr < R)
+    if blk == 0:  # the epoch of this dispatch (read by the next launch, in stream order)
+        tl.store(ctr, tl.load(ctr) + 1)
+
+
+@triton.jit
+def _layout_experts(q, idx, bexp, t, k, num_experts, neb, BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr):
+    """Program (token block q // neb, expert block q % neb): tokens per expert of the block (once per token)."""
+    blk = q // neb
+    eids = (q % neb) * BE + tl.arange(0, BE)
+    toks = blk * BT + tl.arange(0, BT)
+    tm = toks < t
+    hit = tl.zeros((BT, BE), dtype=tl.int32)
+    for j in tl.static_range(BK):
+        ids = tl.load(idx + toks.to(tl.int64) * k + j, mask=tm & ((toks * 0 + j) < k), other=-1).to(tl.int64)
+        hit = tl.maximum(hit, (ids[:, None] == eids[None, :]).to(tl.int32))
+    tl.store(bexp + blk * num_experts + eids, tl.sum(hit, axis=0).to(tl.int64), mask=eids < num_experts)
+
+
+@triton.jit
+def _layout_kernel(idx, given, layout, lpos, bcnt, bstat, bexp, ctr, t, k, per_rank, num_experts, nb, neb,
+                   R: tl.constexpr, RP: tl.constexpr, HAS_GIVEN: tl.constexpr, BT: tl.constexpr,
+                   BK: tl.constexpr, BE: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    if pid < nb:
+        _layout_block(pid, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_rank, num_experts, nb,
+                      R, RP, HAS_GIVEN, BT, BK)  # fmt: skip
+    else:
+        _layout_experts(pid - nb, idx, bexp, t, k, num_experts, neb, BT, BK, BE)
+
+
+def layout(idx: torch.Tensor, given: torch.Tensor | None, lay: torch.Tensor, lpos: torch.Tensor,
+           scratch: dict[str, torch.Tensor], ctr: torch.Tensor, num_experts: int) -> None:  # fmt: skip
+    """idx int64 [t, k] -> lay bool [t, R], lpos int64 [R, t] (place within the token's LAYOUT_BT block, -1:
+    not sent), scratch["bcnt"] int64 [R, nb], ["bstat"] int64 [nb, 2 + R], ["bexp"] int64 [nb, E]; ctr[0] += 1.
+    nb = `num_blocks(t)`; given: is_token_in_rank bool [t, R] to check, or None."""
+    t, k = idx.shape
+    world = lay.shape[1]
+    nb, neb = num_blocks(t), triton.cdiv(num_experts, LAYOUT_BE)
+    g = given.contiguous().view(torch.uint8) if given is not None else lay.view(torch.uint8)
+    _layout_kernel[(nb + nb * neb,)](
+        idx, g, lay.view(torch.uint8), lpos, scratch["bcnt"], scratch["bstat"], scratch["bexp"], ctr,
+        t, k, num_experts // world, num_experts, nb, neb,
+        R=world, RP=_p2(world), HAS_GIVEN=given is not None, BT=LAYOUT_BT, BK=_p2(k), BE=LAYOUT_BE,
+    )  # fmt: skip
+
+
+def num_blocks(t: int) -> int:
+    """Layout blocks of t tokens (at least 1: an empty rank still publishes its zero counts)."""
+    return max(1, triton.cdiv(t, LAYOUT_BT))
+
+
+# ------------------------------------------------------------------------------------------------- waits
+@triton.jit
+def _wait(ptr, ep, ctr, spin_limit):
+    """Spin until the int64 flag at ptr reaches ep (volatile polls: cheaper than atomics for thousands of
+    waiting programs), then one acquiring CAS (system scope) orders our later reads after the flag."""
+    v = tl.load(ptr, volatile=True)
+    n = tl.program_id(0) * 0  # int32 from the start (a loop-carried value keeps its type)
+    while (v < ep) & (n < spin_limit):
+        v = tl.load(ptr, volatile=True)
+        n += 1
+    never = ep * 0 + NEVER
+    tl.atomic_cas(ptr, never, never, sem="acquire", scope="sys")
+    tl.debug_barrier()  # the other threads' reads come after the acquire
+    if n >= spin_limit:
+        tl.store(ctr + 2, 1)
+
+
+@triton.jit
+def _xchg_peer(peers, dd: tl.constexpr, offs, val, mask):
+    """Release exchange (system scope) of val at offs of peer dd's buffer, element-wise under mask."""
+    p0, p1, p2, p3, p4, p5, p6, p7 = peers
+    if dd == 0:
+        tl.atomic_xchg(p0 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 1:
+        tl.atomic_xchg(p1 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 2:
+        tl.atomic_xchg(p2 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 3:
+        tl.atomic_xchg(p3 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 4:
+        tl.atomic_xchg(p4 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 5:
+        tl.atomic_xchg(p5 + offs, val, mask=mask, sem="release", scope="sys")
+    elif dd == 6:
+        tl.atomic_xchg(p6 + offs, val, mask=mask, sem="release", scope="sys")
+    else:
+        tl.atomic_xchg(p7 + offs, val, mask=mask, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_tags(me64, at, rows, rm, ncb, ep, ctr, spin_limit, NCBP: tl.constexpr):
+    """Spin until the arrival tags [rows, column block] at int64 index `at` of our buffer reach ep (rows
+    under rm), then acquire them all (a CAS that never writes) before the other threads read the rows."""
+    cbs = tl.arange(0, NCBP)
+    m2 = rm[:, None] & (cbs < ncb)[None, :]
+    offs = tl.where(m2, at + rows[:, None] * ncb + cbs[None, :], at)  # masked-off lanes: a valid tag address
+    tg = tl.where(m2, tl.load(me64 + offs, mask=m2, other=0, volatile=True), ep)
+    n = tl.program_id(0) * 0
+    while (tl.min(tl.min(tg, axis=1), axis=0) < ep) & (n < spin_limit):
+        tg = tl.where(m2, tl.load(me64 + offs, mask=m2, other=0, volatile=True), ep)
+        n += 1
+    never = tg * 0 + NEVER
+    tl.atomic_cas(me64 + offs, never, never, sem="acquire", scope="sys")
+    tl.debug_barrier()
+    if n >= spin_limit:
+        tl.store(ctr + 2, 1)
+
+
+@triton.jit
+def _wait_all(me64, base, ep, ctr, spin_limit, R: tl.constexpr):
+    """Wait for flags base + 0 .. base + R - 1 of our buffer."""
+    for q in tl.static_range(R):
+        _wait(me64 + base + q, ep, ctr, spin_limit)
+
+
+@triton.jit
+def _count_col(me64, cnt_at, rw, d, R: tl.constexpr, RP: tl.constexpr):
+    """Column d of the count matrix in our count area: [RP] rows each source sends to d (0 past R)."""
+    qq = tl.arange(0, RP)
+    return tl.load(me64 + cnt_at + qq * rw + d, mask=qq < R, other=0, cache_modifier=".cg")
+
+
+@triton.jit
+def _done(done, j, n_prog, peers64, d, flag_at, ep, R: tl.constexpr):
+    """A program of destination d's group finished its stores: the last one (a counter in local memory,
+    reset for the next call) publishes flag `flag_at` = ep in d's buffer (release, system scope)."""
+    tl.debug_barrier()  # every thread's stores precede the counter's release
+    old = tl.atomic_add(done + j, 1, sem="acq_rel", scope="sys")
+    if old == n_prog - 1:
+        tl.atomic_xchg(done + j, 0)
+        for dd in tl.static_range(R):
+            if d == dd:
+                _flag_peer(peers64, dd, flag_at, ep)
+
+
+# ------------------------------------------------------------------------------------------------- dispatch
+@triton.jit
+def _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
+                  sig0, sig1, sig2, sig3, sig4, ep,
+                  R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BE: tl.constexpr):  # fmt: skip
+    """Our exchange row [rows per rank | tokens per expert | 5 signature words | id min | id max | bad per
+    rank] into every rank's count area slot `rank`, then our count flag in every rank's buffer."""
+    rr = tl.arange(0, RP)
+    bb = tl.arange(0, NBP)
+    row = cnt_at + rank * rw
+    tot = tl.zeros((RP,), dtype=tl.int64)
+    lo = tl.full((NBP,), BIG, dtype=tl.int64)
+    hi = tl.full((NBP,), -BIG, dtype=tl.int64)
+    bad = tl.zeros((RP,), dtype=tl.int64)
+    for b0 in range(0, nb, NBP):
+        bm = (b0 + bb) < nb
+        c = tl.load(bcnt + rr[:, None] * nb + (b0 + bb)[None, :], mask=(rr < R)[:, None] & bm[None, :], other=0)
+        tot += tl.sum(c, axis=1)
+        lo = tl.minimum(lo, tl.load(bstat + (b0 + bb) * (2 + R), mask=bm, other=BIG))
+        hi = tl.maximum(hi, tl.load(bstat + (b0 + bb) * (2 + R) + 1, mask=bm, other=-BIG))
+        s = tl.load(bstat + (b0 + bb)[None, :] * (2 + R) + 2 + rr[:, None], mask=(rr < R)[:, None] & bm[None, :],
+                    other=0)  # fmt: skip
+        bad = tl.maximum(bad, tl.max(s, axis=1))
+    tail = R + num_experts
+    ee = tl.arange(0, BE)
+    jj = tl.arange(0, 8)
+    sig = tl.where(jj == 0, sig0, tl.where(jj == 1, sig1, tl.where(jj == 2, sig2, tl.where(jj == 3, sig3, sig4))))
+    lo_v = tl.min(lo, axis=0)
+    hi_v = tl.max(hi, axis=0)
+    lo_v = tl.where(lo_v == BIG, 0, lo_v)  # no id at all (t == 0): a neutral range, as the fused path's
+    hi_v = tl.where(hi_v == -BIG, -1, hi_v)
+    sig = tl.where(jj == 5, lo_v, tl.where(jj == 6, hi_v, sig.to(tl.int64)))
+    for dd in tl.static_range(R):
+        _store_peer(peers64, dd, row + rr, tot, rr < R)
+        _store_peer(peers64, dd, row + tail + jj, sig, jj < 7)
+        _store_peer(peers64, dd, row + tail + 7 + rr, bad, rr < R)
+    for e0 in range(0, num_experts, BE):
+        em = (e0 + ee) < num_experts
+        acc = tl.zeros((BE,), dtype=tl.int64)
+        for b in range(0, nb):
+            acc += tl.load(bexp + b * num_experts + e0 + ee, mask=em, other=0)
+        for dd in tl.static_range(R):
+            _store_peer(peers64, dd, row + R + e0 + ee, acc, em)
+    tl.debug_barrier()
+    for dd in tl.static_range(R):
+        _flag_peer(peers64, dd, FLAG_CNT + rank, ep)
+
+
+@triton.jit
+def _send_offsets(bcnt, nb, d, blk_l, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr):
+    """(send_off(rank, d): rows we send to ranks < d, the offset of layout block blk_l in our block for d)."""
+    rr = tl.arange(0, RP)
+    bb = tl.arange(0, NBP)
+    send_off = tl.sum(tl.zeros((RP,), dtype=tl.int64), axis=0)
+    boff = send_off
+    for b0 in range(0, nb, NBP):
+        m = (rr < R)[:, None] & ((b0 + bb) < nb)[None, :]
+        c = tl.load(bcnt + rr[:, None] * nb + (b0 + bb)[None, :], mask=m, other=0)
+        send_off += tl.sum(tl.sum(tl.where((rr < d)[:, None], c, 0), axis=1), axis=0)
+        pick = (rr == d)[:, None] & ((b0 + bb) < blk_l)[None, :]
+        boff += tl.sum(tl.sum(tl.where(pick, c, 0), axis=1), axis=0)
+    return send_off, boff
+
+
+@triton.jit
+def _meta_words(idx, wts, toks, tm, k, lo_e, per_rank, BK: tl.constexpr):
+    """Top-k ids rewritten to d's local ids (-1 elsewhere) and weights (0 elsewhere) of tokens `toks`, as
+    int32 words: ids [BT, 2 * BK] (low, high word of each int64), weights [BT, BK]."""
+    kk = tl.arange(0, BK)
+    m = tm[:, None] & (kk < k)[None, :]
+    t64 = toks.to(tl.int64)
+    ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=m, other=-1)
+    w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=m, other=0.0)
+    loc = ids - lo_e
+    mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
+    loc = tl.where(mine, loc, -1)
+    w_bits = tl.where(mine, w, 0.0).to(tl.int32, bitcast=True)
+    return (loc & 0xFFFFFFFF).to(tl.int32), (loc >> 32).to(tl.int32), w_bits
+
+
+@triton.jit
+def _role_push(q, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, rank, t, k, nb,
+               cap, per_rank, ep, par, ox0, ox1, oid, ow, osrc, otag, w0, w1, nbt, ncb,
+               NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
+               BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr):  # fmt: skip
+    """B: one (peer, token block, column block) of our rows into the peer's region of source `rank`, then
+    their arrival tags (epoch, release): the peer copies them out as soon as they are there."""
+    per_dest = nbt * ncb
+    j = q // per_dest
+    blk = (q % per_dest) // ncb
+    cb = q % ncb
+    d = (rank + 1 + j) % R
+    toks = blk * BT + tl.arange(0, BT)
+    tm = toks < t
+    send_off, boff = _send_offsets(bcnt, nb, d, (blk * BT) // LBT, R, RP, NBP)
+    lp = tl.load(lpos + d * t + toks, mask=tm, other=-1)
+    sent = tm & (lp >= 0)
+    local = lp + boff
+    valid = sent & (local < cap)  # rows past W are dropped (E flags the overflow)
+    first = (toks * 0 + cb) == 0
+    t64 = toks.to(tl.int64)
+    tl.store(send_pos + d * t + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
+    tl.store(send_tok + local + send_off, t64, mask=sent & first)
+    row = (rank * cap + local).to(tl.int64)  # our region (source `rank`) in d's buffer
+    pb = (ep % 2) * par  # this parity's regions (int32 words)
+    cols = cb * BW + tl.arange(0, BW)
+    m = valid[:, None] & (cols < w0)[None, :]
+    v = tl.load(x0 + t64[:, None] * w0 + cols[None, :], mask=m)
+    for dd in tl.static_range(R):
+        _store_peer(peers32, dd, ox0 + pb + row[:, None] * w0 + cols[None, :], v, _and(m, d == dd))
+    if NX == 2:
+        m1 = valid[:, None] & (cols < w1)[None, :]
+        v1 = tl.load(x1 + t64[:, None] * w1 + cols[None, :], mask=m1)
+        for dd in tl.static_range(R):
+            _store_peer(peers32, dd, ox1 + pb + row[:, None] * w1 + cols[None, :], v1, _and(m1, d == dd))
+    lo_w, hi_w, w_bits = _meta_words(idx, wts, toks, valid & first, k, d * per_rank, per_rank, BK)
+    kk = tl.arange(0, BK)
+    mk = (valid & first)[:, None] & (kk < k)[None, :]
+    ms = valid & first
+    for dd in tl.static_range(R):
+        go = d == dd
+        _store_peer(peers32, dd, oid + pb + row[:, None] * (2 * k) + 2 * kk[None, :], lo_w, _and(mk, go))
+        _store_peer(peers32, dd, oid + pb + row[:, None] * (2 * k) + 2 * kk[None, :] + 1, hi_w, _and(mk, go))
+        _store_peer(peers32, dd, ow + pb + row[:, None] * k + kk[None, :], w_bits, _and(mk, go))
+        _store_peer(peers32, dd, osrc + pb + row * 2, (t64 & 0xFFFFFFFF).to(tl.int32), _and(ms, go))
+        _store_peer(peers32, dd, osrc + pb + row * 2 + 1, (t64 >> 32).to(tl.int32), _and(ms, go))
+    tl.debug_barrier()  # every thread's row stores precede the tags' release
+    tag = otag + row * ncb + cb  # int64 index: [row, column block] of this parity's tags
+    for dd in tl.static_range(R):
+        _xchg_peer(peers64, dd, tag, row * 0 + ep, _and(valid, d == dd))
+
+
+@triton.jit
+def _role_self(q, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc,
+               rank, t, k, nb, cap, per_rank, ep, cnt_at, rw, w0, w1, ncb, spin_limit,
+               NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
+               BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr):  # fmt: skip
+    """C: one (token block, column block) of our own block into the outputs at recv_off(rank, rank), known
+    once the lower ranks' counts are in."""
+    blk = q // ncb
+    cb = q % ncb
+    for s in tl.static_range(R):
+        if s < rank:
+            _wait(me64 + FLAG_CNT + s, ep, ctr, spin_limit)
+    col = _count_col(me64, cnt_at, rw, rank, R, RP)
+    qq = tl.arange(0, RP)
+    row0 = tl.sum(tl.where(qq < rank, col, 0), axis=0)
+    toks = blk * BT + tl.arange(0, BT)
+    tm = toks < t
+    send_off, boff = _send_offsets(bcnt, nb, rank, (blk * BT) // LBT, R, RP, NBP)
+    lp = tl.load(lpos + rank * t + toks, mask=tm, other=-1)
+    sent = tm & (lp >= 0)
+    local = lp + boff
+    r = (row0 + local).to(tl.int64)
+    valid = sent & (r < cap)
+    first = (toks * 0 + cb) == 0
+    t64 = toks.to(tl.int64)
+    tl.store(send_pos + rank * t + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
+    tl.store(send_tok + local + send_off, t64, mask=sent & first)
+    cols = cb * BW + tl.arange(0, BW)
+    m = valid[:, None] & (cols < w0)[None, :]
+    tl.store(o0 + r[:, None] * w0 + cols[None, :], tl.load(x0 + t64[:, None] * w0 + cols[None, :], mask=m), mask=m)
+    if NX == 2:
+        m1 = valid[:, None] & (cols < w1)[None, :]
+        v1 = tl.load(x1 + t64[:, None] * w1 + cols[None, :], mask=m1)
+        tl.store(o1 + r[:, None] * w1 + cols[None, :], v1, mask=m1)
+    kk = tl.arange(0, BK)
+    mk = (valid & first)[:, None] & (kk < k)[None, :]
+    ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=mk, other=-1)
+    w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=mk, other=0.0)
+    loc = ids - rank * per_rank
+    mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
+    tl.store(oidx + r[:, None] * k + kk[None, :], tl.where(mine, loc, -1), mask=mk)
+    tl.store(ow + r[:, None] * k + kk[None, :], tl.where(mine, w, 0.0), mask=mk)
+    tl.store(osrc + r, t64, mask=valid & first)
+
+
+@triton.jit
+def _copy_words(src, dst, w, src_rows, dst_rows, rm, cols):
+    m = rm[:, None] & (cols < w)[None, :]
+    v = tl.load(src + src_rows[:, None] * w + cols[None, :], mask=m, cache_modifier=".cg")
+    tl.store(dst + dst_rows[:, None] * w + cols[None, :], v, mask=m)
+
+
+@triton.jit
+def _role_recv(q, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep, par, cnt_at, rw,
+               ox0, ox1, oid, ow, osrc, otag, w0, w1, ncb, nper, spin_limit,
+               NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr,
+               BW: tl.constexpr, NCBP: tl.constexpr):  # fmt: skip
+    """D: persistent program `q % nper` of peer q // nper: once every count is in, copy that peer's rows
+    from our buffer (its region, this parity) into the outputs at recv_off(src, rank), each block of rows
+    as soon as its arrival tags say it landed (while the rest is still in flight)."""
+    j = q // nper
+    sub = q % nper
+    src = (rank + 1 + j) % R
+    _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
+    col = _count_col(me64, cnt_at, rw, rank, R, RP)
+    qq = tl.arange(0, RP)
+    row0 = tl.sum(tl.where(qq < src, col, 0), axis=0)
+    n = tl.sum(tl.where(qq == src, col, 0), axis=0)
+    base = (src * cap).to(tl.int64)  # its region in our buffer
+    pb = (ep % 2) * par  # this parity's regions (int32 words)
+    n_blk = ((n + BT - 1) // BT).to(tl.int32)
+    for rb in range(sub, n_blk, nper):
+        i = (rb * BT + tl.arange(0, BT)).to(tl.int64)
+        rm = (i < n) & (row0 + i < cap)
+        _wait_tags(me64, otag, base + i, rm, ncb, ep, ctr, spin_limit, NCBP)
+        for cb in range(0, ncb):
+            cols = cb * BW + tl.arange(0, BW)
+            _copy_words(me32 + ox0 + pb, o0, w0, base + i, row0 + i, rm, cols)
+            if NX == 2:
+                _copy_words(me32 + ox1 + pb, o1, w1, base + i, row0 + i, rm, cols)
+        c2 = tl.arange(0, 32)  # ids (2k words), weights (k) and source (2) of a row: k <= 16
+        _copy_words(me32 + oid + pb, oid32, 2 * k, base + i, row0 + i, rm, c2)
+        _copy_words(me32 + ow + pb, ow32, k, base + i, row0 + i, rm, c2)
+        _copy_words(me32 + osrc + pb, osrc32, 2, base + i, row0 + i, rm, c2)
+
+
+@triton.jit
+def _fill(dst, w, rows, rm, cols, value):
+    m = rm[:, None] & (cols < w)[None, :]
+    tl.store(dst + rows[:, None] * w + cols[None, :], (rows[:, None] * 0 + cols[None, :] * 0 + value).to(tl.int32),
+             mask=m)  # fmt: skip
+
+
+@triton.jit
+def _role_pad(q, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep, cnt_at, rw, npad, spin_limit,
+              R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr):  # fmt: skip
+    """E (padding): rows from the received count to W: ids -1, weights 0, source -1 (int32 words)."""
+    _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
+    col = _count_col(me64, cnt_at, rw, rank, R, RP)
+    n = tl.minimum(tl.sum(col, axis=0), cap)
+    c2 = tl.arange(0, 32)
+    for rb in range(q, (cap + BT - 1) // BT, npad):
+        rows = (rb * BT + tl.arange(0, BT)).to(tl.int64)
+        rm = (rows >= n) & (rows < cap)
+        _fill(oid32, 2 * k, rows, rm, c2, -1)
+        _fill(ow32, k, rows, rm, c2, 0)
+        _fill(osrc32, 2, rows, rm, c2, -1)
+
+
+@triton.jit
+def _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, ep, cnt_at, rw, spin_limit,
+               R: tl.constexpr, RP: tl.constexpr, EP: tl.constexpr):  # fmt: skip
+    """E (last program): nosync.plan from our count area: M into mat, rows received, error bits, counts."""
+    _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
+    area = me64 + cnt_at
+    ss = tl.arange(0, RP)
+    dd = tl.arange(0, RP)
+    sm = ss < R
+    m2 = sm[:, None] & (dd < R)[None, :]
+    m = tl.load(area + ss[:, None] * rw + dd[None, :], mask=m2, other=0, cache_modifier=".cg")
+    tl.store(mat + ss[:, None] * R + dd[None, :], m, mask=m2)
+    recv = tl.sum(m, axis=0)
+    tl.store(mat + R * R, tl.sum(tl.where(dd == rank, recv, 0), axis=0))
+    tail = R + num_experts
+    jj = tl.arange(0, 8)
+    sig = tl.load(area + ss[:, None] * rw + tail + jj[None, :], mask=sm[:, None] & (jj < 5)[None, :], other=0,
+                  cache_modifier=".cg")  # fmt: skip
+    sig0 = tl.sum(tl.where(ss[:, None] == 0, sig, 0), axis=0)
+    err = tl.max(tl.max(tl.where(sm[:, None] & (sig != sig0[None, :]), ERR_SIG, 0), axis=1), axis=0)
+    lo = tl.min(tl.load(area + ss * rw + tail + 5, mask=sm, other=0, cache_modifier=".cg"), axis=0)
+    hi = tl.max(tl.load(area + ss * rw + tail + 6, mask=sm, other=-1, cache_modifier=".cg"), axis=0)
+    err = err | tl.where((lo < -1) | (hi >= num_experts), ERR_IDS, 0)
+    bad = tl.load(area + ss[:, None] * rw + tail + 7 + dd[None, :], mask=m2, other=0, cache_modifier=".cg")
+    err = err | tl.where(tl.max(tl.max(bad, axis=1), axis=0) != 0, ERR_LAYOUT, 0)
+    err = err | tl.where(tl.max(recv, axis=0) > cap, ERR_OVERFLOW, 0)
+    tl.store(mat + R * R + 1, err.to(tl.int64))
+    ee = tl.arange(0, EP)
+    em = ee < per_rank
+    cols = R + rank * per_rank + ee
+    per = tl.load(area + ss[:, None] * rw + cols[None, :], mask=sm[:, None] & em[None, :], other=0,
+                  cache_modifier=".cg")  # fmt: skip
+    c = tl.sum(per, axis=0)
+    tl.store(counts + ee, ((c + align - 1) // align * align).to(tl.int32), mask=em)
+
+
+@triton.jit
+def _dispatch_kernel(
+    peers32, peers64, me32, me64, ctr, done, lpos, bcnt, bstat, bexp,
+    x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat, counts,
+    rank, t, k, nb, cap, per_rank, num_experts, align, cnt0, rw, par, ox0, ox1, oid, oww, osr, otag0, tpar, w0, w1,
+    sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, spin_limit,
+    NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
+    BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr, BE: tl.constexpr, EP: tl.constexpr, NCBP: tl.constexpr,
+):  # fmt: skip
+    # Roles by program id (see the module docstring); the runtime if/else chain only calls helpers (Triton
+    # 3.6 rejects a name typed differently in two branches), each helper derives its own indices.
+    pid = tl.program_id(0)
+    ep = tl.load(ctr).to(tl.int64)
+    cnt_at = cnt0 + (ep % 2) * R * rw  # this parity's count area (int64 words)
+    otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
+    n_push = (R - 1) * nbt * ncb
+    n_self = nbt * ncb
+    n_recv = (R - 1) * nper
+    if pid == 0:
+        _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
+                      sig0, sig1, sig2, sig3, sig4, ep, R, RP, NBP, BE)  # fmt: skip
+    elif pid < 1 + n_push:
+        _role_push(pid - 1, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, rank, t,
+                   k, nb, cap, per_rank, ep, par, ox0, ox1, oid, oww, osr, otag, w0, w1, nbt, ncb,
+                   NX, R, RP, NBP, BT, BW, BK, LBT)  # fmt: skip
+    elif pid < 1 + n_push + n_self:
+        _role_self(pid - 1 - n_push, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx,
+                   ow, osrc, rank, t, k, nb, cap, per_rank, ep, cnt_at, rw, w0, w1, ncb, spin_limit,
+                   NX, R, RP, NBP, BT, BW, BK, LBT)  # fmt: skip
+    elif pid < 1 + n_push + n_self + n_recv:
+        _role_recv(pid - 1 - n_push - n_self, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep,
+                   par, cnt_at, rw, ox0, ox1, oid, oww, osr, otag, w0, w1, ncb, nper, spin_limit,
+                   NX, R, RP, BT, BW, NCBP)  # fmt: skip
+    elif pid < 1 + n_push + n_self + n_recv + npad:
+        _role_pad(pid - 1 - n_push - n_self - n_recv, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep,
+                  cnt_at, rw, npad, spin_limit, R, RP, BT)  # fmt: skip
+    else:
+        _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, ep, cnt_at, rw, spin_limit,
+                   R, RP, EP)  # fmt: skip
+
+
+def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.Tensor, lay, cap: int,
+             lpos: torch.Tensor, scratch: dict[str, torch.Tensor], xs: list[torch.Tensor], idx: torch.Tensor,
+             wts: torch.Tensor, handle: tuple[torch.Tensor, torch.Tensor], outs: list[torch.Tensor],
+             meta_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], mat: torch.Tensor, counts: torch.Tensor,
+             num_experts: int, align: int, sig: list[int], spin_limit: int) -> None:  # fmt: skip
+    """The overlapped dispatch launch (roles A..E, see the module docstring).
+
+    bufs: every rank's uint8 buffer (this rank's included); lay: `_overlap.DispatchLayout`; xs: 1 or 2 payload
+    fields as int32 words [t, w]; outs: the payload outputs int32 [W, w]; meta_out: (ids int64 [W, k],
+    weights fp32 [W, k], source int64 [W, 1]); handle: (send_pos int64 [R, t], send_tok int64 [R * t]);
+    mat int64 [R * R + 2], counts int32 [E / R] (out, as nosync.plan); idx int64 [t, k], wts fp32 [t, k].
+    """
+    world = len(bufs)
+    t, k = idx.shape
+    if k > MAX_K:
+        raise ValueError(f"topk_idx: the overlapped dispatch moves at most {MAX_K} top-k slots a row, got k = {k}")
+    peers32 = _peers8([b.view(torch.int32) for b in bufs])
+    peers64 = _peers8([b.view(torch.int64) for b in bufs])
+    x0, x1 = xs[0], xs[-1]
+    o0, o1 = outs[0], outs[-1]
+    width = max(x0.shape[1], x1.shape[1])
+    nb, nbt, ncb = num_blocks(t), max(1, triton.cdiv(t, BLOCK_T)), triton.cdiv(width, BLOCK_W)
+    nper = npad = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
+    grid = 1 + (world - 1) * nbt * ncb + nbt * ncb + (world - 1) * nper + npad + 1
+    oidx, ow, osrc = meta_out
+    per_rank = num_experts // world
+    _dispatch_kernel[(grid,)](
+        peers32, peers64, bufs[rank].view(torch.int32), bufs[rank].view(torch.int64), ctr, done, lpos,
+        scratch["bcnt"], scratch["bstat"], scratch["bexp"], x0, x1, idx, wts, handle[0], handle[1], o0, o1,
+        oidx, ow, osrc, oidx.view(torch.int32), ow.view(torch.int32), osrc.view(torch.int32), mat, counts,
+        rank, t, k, nb, cap, per_rank, num_experts, align, lay.cnt, lay.rw, lay.par, lay.x0, lay.x1, lay.ids,
+        lay.wts, lay.src, lay.tags, lay.tpar, x0.shape[1], x1.shape[1], *sig, nbt, ncb, nper, npad, spin_limit,
+        NX=len(xs), R=world, RP=_p2(world), NBP=min(_p2(nb), 128), BT=BLOCK_T, BW=BLOCK_W, BK=_p2(k),
+        LBT=LAYOUT_BT, BE=256, EP=_p2(per_rank), NCBP=_p2(ncb),
+    )  # fmt: skip
+    if ncb != lay.ncb:
+        raise ValueError(f"lay: laid out for {lay.ncb} column blocks of tags, the payload needs {ncb}")
+
+
+# ------------------------------------------------------------------------------------------------- combine
+@triton.jit
+def _bump_kernel(ctr, which):
+    tl.store(ctr + which, tl.load(ctr + which) + 1)
+
+
+def bump(ctr: torch.Tensor, which: int) -> None:
+    """ctr[which] += 1 on the device (one program): the epoch of the next combine."""
+    _bump_kernel[(1,)](ctr, which)
+
+
+@triton.jit
+def _role_csend(q, peers32, peers64, done, mat, y0, y1, rank, cap, ep, par, oy0, oy1, otag, w0, w1, ncb, nper,
+                NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr,
+                BW: tl.constexpr, NCBP: tl.constexpr):  # fmt: skip
+    """S: persistent program `q % nper` of peer q // nper: the rows we received from it (y rows recv_off ..)
+    back into its combine region (this parity) at their send positions send_off .., each block of rows
+    followed by its arrival tags (epoch, release); the group's last program then sets our combine flag there."""
+    j = q // nper
+    sub = q % nper
+    src = (rank + 1 + j) % R
+    qq = tl.arange(0, RP)
+    row = tl.load(mat + src * R + qq, mask=qq < R, other=0)
+    col = tl.load(mat + qq * R + rank, mask=qq < R, other=0)
+    send_off = tl.sum(tl.where(qq < rank, row, 0), axis=0)
+    recv_off = tl.sum(tl.where(qq < src, col, 0), axis=0)
+    n = tl.sum(tl.where(qq == rank, row, 0), axis=0)
+    pb = (ep % 2) * par  # this parity's regions (int32 words)
+    base = send_off
+    for rb in range(sub, ((n + BT - 1) // BT).to(tl.int32), nper):
+        i = (rb * BT + tl.arange(0, BT)).to(tl.int64)
+        rm = (i < n) & (recv_off + i < cap)
+        for cb in range(0, ncb):
+            cols = cb * BW + tl.arange(0, BW)
+            m = rm[:, None] & (cols < w0)[None, :]
+            v = tl.load(y0 + (recv_off + i)[:, None] * w0 + cols[None, :], mask=m)
+            for dd in tl.static_range(R):
+                _store_peer(peers32, dd, oy0 + pb + (base + i)[:, None] * w0 + cols[None, :], v, _and(m, src == dd))
+            if NX == 2:
+                m1 = rm[:, None] & (cols < w1)[None, :]
+                v1 = tl.load(y1 + (recv_off + i)[:, None] * w1 + cols[None, :], mask=m1)
+                at1 = oy1 + pb + (base + i)[:, None] * w1 + cols[None, :]
+                for dd in tl.static_range(R):
+                    _store_peer(peers32, dd, at1, v1, _and(m1, src == dd))
+        tl.debug_barrier()  # the block's row stores precede its tags' release
+        cbs = tl.arange(0, NCBP)
+        tm = rm[:, None] & (cbs < ncb)[None, :]
+        tag = otag + (base + i)[:, None] * ncb + cbs[None, :]
+        for dd in tl.static_range(R):
+            _xchg_peer(peers64, dd, tag, tag * 0 + ep, _and(tm, src == dd))
+    _done(done, j, nper, peers64, src, FLAG_CMB + rank, ep, R)
+
+
+@triton.jit
+def _role_reduce(q, me64, ctr, pos, mat, back, y, out, rank, t, width, ep, par, par_e, off_e, otag, ncb, ncb_s,
+                 spin_limit, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
+                 BF16_BITS: tl.constexpr, NCBP: tl.constexpr):  # fmt: skip
+    """R: one (token block, column block) of a field: out[t] = sum over ranks d ascending of row(pos[d, t])
+    in fp32, waiting for the arrival tags of d's rows just before reading them (ours are in y), one rounding.
+    ncb_s: column blocks of the send (tags per row)."""
+    qq = tl.arange(0, RP)
+    row = tl.load(mat + rank * R + qq, mask=qq < R, other=0)
+    col = tl.load(mat + qq * R + rank, mask=qq < R, other=0)
+    self_lo = tl.sum(tl.where(qq < rank, row, 0), axis=0)
+    self_hi = self_lo + tl.sum(tl.where(qq == rank, row, 0), axis=0)
+    shift = tl.sum(tl.where(qq < rank, col, 0), axis=0) - self_lo
+    base = off_e + (ep % 2) * par_e
+    toks = (q // ncb) * BT + tl.arange(0, BT)
+    cols = (q % ncb) * BW + tl.arange(0, BW)
+    tmask = toks < t
+    cmask = (cols < width)[None, :]
+    acc = tl.zeros((BT, BW), dtype=tl.float32)
+    for d in tl.static_range(R):  # ascending rank: the reference's summation order
+        p = tl.load(pos + d * t + toks, mask=tmask, other=-1).to(tl.int64)
+        mine = (p >= self_lo) & (p < self_hi)
+        theirs = (p >= 0) & ~mine
+        if d != rank:
+            _wait_tags(me64, otag, p, theirs, ncb_s, ep, ctr, spin_limit, NCBP)
+        a = tl.load(back + base + p[:, None] * width + cols[None, :], mask=theirs[:, None] & cmask, other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        b = tl.load(y + (p + shift)[:, None] * width + cols[None, :], mask=mine[:, None] & cmask, other=0.0)
+        acc += tl.where(mine[:, None], b.to(tl.float32), a.to(tl.float32))
+    offs = toks.to(tl.int64)[:, None] * width + cols[None, :]
+    if BF16_BITS:  # out is an int16 view of bf16: round to nearest even by hand (the interpreter truncates)
+        bits = acc.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(acc != acc, 0x7FC0, rounded)
+        tl.store(out + offs, rounded.to(tl.int16), mask=tmask[:, None] & cmask)
+    else:
+        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=tmask[:, None] & cmask)
+
+
+@triton.jit
+def _combine_kernel(
+    peers32, peers64, me64, ctr, done, mat, pos, y0, y1, back0, back1, out0, out1, yv0, yv1,
+    rank, t, cap, par, oy0, oy1, otag0, tpar, w0, w1, h0, h1, par_e0, par_e1, off_e0, off_e1, ncb, ncb0, ncb1, nper,
+    nbt, n_red1, spin_limit,
+    NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
+    BW0: tl.constexpr, BW1: tl.constexpr, BF16_0: tl.constexpr, NCBP: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    ep = tl.load(ctr + 1).to(tl.int64)
+    otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
+    n_send = (R - 1) * nper
+    n_red0 = nbt * ncb0
+    if pid < n_send:
+        _role_csend(pid, peers32, peers64, done, mat, y0, y1, rank, cap, ep, par, oy0, oy1, otag, w0, w1, ncb,
+                    nper, NX, R, RP, BT, BW, NCBP)  # fmt: skip
+    elif pid < n_send + n_red0:
+        _role_reduce(pid - n_send, me64, ctr, pos, mat, back0, yv0, out0, rank, t, h0, ep, par, par_e0, off_e0,
+                     otag, ncb0, ncb, spin_limit, R, RP, BT, BW0, BF16_0, NCBP)  # fmt: skip
+    elif pid < n_send + n_red0 + n_red1:
+        _role_reduce(pid - n_send - n_red0, me64, ctr, pos, mat, back1, yv1, out1, rank, t, h1, ep, par, par_e1,
+                     off_e1, otag, ncb1, ncb, spin_limit, R, RP, BT, BW1, False, NCBP)  # fmt: skip
+    else:  # the last program: every peer's whole send is in (a rank that reads no peer row still waits here,
+        # so no rank can run two calls ahead of a peer still reading its buffer)
+        for d in tl.static_range(R):
+            if d != rank:
+                _wait(me64 + FLAG_CMB + d, ep, ctr, spin_limit)
+
+
+def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.Tensor, lay, cap: int,
+            pos: torch.Tensor, mat: torch.Tensor, fields: list[torch.Tensor], words: list[torch.Tensor],
+            outs: list[torch.Tensor], spin_limit: int) -> None:  # fmt: skip
+    """The overlapped combine launch (after `bump(ctr, 1)`): roles S and R (see the module docstring).
+
+    fields: y [W, h] (bf16 / fp16 / fp32) and optionally the weights fp32 [W, k]; words: their int32 views;
+    outs: [t, h] / [t, k] of the same dtypes (out); pos: the handle's send_pos int64 [R, t]; mat: its
+    device_counts; lay: `_overlap.CombineLayout` (word offsets of the field regions, parity stride).
+    """
+    world, t = pos.shape
+    y0, y1 = words[0], words[-1]
+    f0, f1 = fields[0], fields[-1]
+    o0, o1 = outs[0], outs[-1]
+    h0, h1 = f0.shape[1], f1.shape[1]
+    bw0, bw1 = min(512, _p2(h0)), min(512, _p2(h1))
+    ncb, ncb0, ncb1 = triton.cdiv(max(y0.shape[1], y1.shape[1]), BLOCK_W), triton.cdiv(h0, bw0), triton.cdiv(h1, bw1)
+    nbt = max(1, triton.cdiv(t, BLOCK_T))  # >= 1 waiting program even with no tokens (see the docstring)
+    nper = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
+    n_red1 = nbt * ncb1 if len(fields) == 2 else 0
+    grid = (world - 1) * nper + nbt * ncb0 + n_red1 + 1
+    if ncb != lay.ncb:
+        raise ValueError(f"lay: laid out for {lay.ncb} column blocks of tags, the rows need {ncb}")
+    me = bufs[rank]
+    # our buffer viewed in each field's dtype: the reduction reads values (offsets in those elements)
+    back0, back1 = me.view(f0.dtype), me.view(f1.dtype)
+    e0, e1 = 4 // f0.element_size(), 4 // f1.element_size()  # elements per int32 word
+    bf16 = f0.dtype == torch.bfloat16
+    _combine_kernel[(grid,)](
+        _peers8([b.view(torch.int32) for b in bufs]), _peers8([b.view(torch.int64) for b in bufs]),
+        me.view(torch.int64), ctr, done, mat, pos, y0, y1, back0, back1,
+        o0.view(torch.int16) if bf16 else o0, o1, f0, f1,
+        rank, t, cap, lay.par, lay.y0, lay.y1, lay.tags, lay.tpar, y0.shape[1], y1.shape[1], h0, h1,
+        lay.par * e0, lay.par * e1, lay.y0 * e0, lay.y1 * e1, ncb, ncb0, ncb1, nper, nbt, n_red1, spin_limit,
+        NX=len(fields), R=world, RP=_p2(world), BT=BLOCK_T, BW=BLOCK_W, BW0=bw0, BW1=bw1, BF16_0=bf16,
+        NCBP=_p2(ncb),
+    )  # fmt: skip

@@ -1,0 +1,85 @@
+"""The overlapped variant's multi-program layout scan (`backends/triton/overlap.layout`) against the fused
+one-program scan and the reference layout, on R ranks' worth of token counts; and its buffer layouts.
+
+(The dispatch / combine kernels wait for their peers, so they are tested across processes: the CPU test in
+test_ep_dispatch_combine.py over shared memory, the 2-GPU test in test_ep_multigpu.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.deep_ep._overlap import HEAD_BYTES, CombineLayout, DispatchLayout, tag_bytes
+from deepinfer.deep_ep.backends.triton import overlap as ov
+from deepinfer.deep_ep.backends.triton.fused import layout_row, row_width
+from deepinfer.deep_ep.reference import layout_nocheck
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _scratch(world: int, t: int, num_experts: int, device: str) -> dict[str, torch.Tensor]:
+    nb = ov.num_blocks(t)
+    fill = lambda n: torch.full((n,), -99, dtype=torch.int64, device=device)  # noqa: E731 - stale values
+    return {"bcnt": fill(world * nb), "bstat": fill(nb * (2 + world)), "bexp": fill(nb * num_experts)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("world", "t", "k"), [(2, 0, 4), (3, 75, 6), (8, 3 * ov.LAYOUT_BT + 5, 8)])
+def test_layout_scan_matches_fused_and_reference(device: str, world: int, t: int, k: int) -> None:
+    num_experts = 8 * world
+    g = torch.Generator().manual_seed(world * 100 + t)
+    idx = torch.rand(t, num_experts, generator=g).argsort(dim=1)[:, :k]
+    idx[torch.rand(t, k, generator=g) < 0.3] = -1
+    idx = idx.contiguous().to(device)
+    scratch = _scratch(world, t, num_experts, device)
+    lay = torch.empty((t, world), dtype=torch.bool, device=device)
+    lpos = torch.full((world, t), -5, dtype=torch.int64, device=device)
+    ctr = torch.tensor([41, 0, 0, 0], dtype=torch.int64, device=device)
+    wrong = torch.zeros((t, world), dtype=torch.bool, device=device)
+    given = None if t == 0 else wrong  # a wrong is_token_in_rank: every rank with a token flagged
+    ov.layout(idx, given, lay, lpos, scratch, ctr, num_experts)
+    per_rank, per_expert, want = layout_nocheck(idx, num_experts, world)
+    assert torch.equal(lay, want)
+    assert int(ctr[0]) == 42, "the epoch advances once per layout"
+    nb = ov.num_blocks(t)
+    bcnt = scratch["bcnt"].view(world, nb)
+    assert bcnt.sum(dim=1).tolist() == per_rank.tolist()
+    assert scratch["bexp"].view(nb, num_experts).sum(dim=0).tolist() == per_expert.tolist()
+    # global place = in-block place + rows of earlier blocks: the fused scan's positions
+    row = torch.empty(row_width(world, num_experts), dtype=torch.int64, device=device)
+    pos = torch.empty((world, t), dtype=torch.int64, device=device)
+    layout_row(idx, None, row, torch.empty_like(lay), pos, num_experts, [1, 2, 3, k, t])
+    blk = torch.arange(t, device=device) // ov.LAYOUT_BT
+    before = torch.cumsum(bcnt, dim=1) - bcnt  # [R, nb]: rows of earlier blocks
+    got = torch.where(lpos >= 0, lpos + before[:, blk], -1)
+    assert torch.equal(got, pos)
+    stat = scratch["bstat"].view(nb, 2 + world)
+    if t:
+        assert int(stat[:, 0].min()) == int(idx.min()) and int(stat[:, 1].max()) == int(idx.max())
+        assert stat[:, 2:].amax(dim=0).tolist() == [int(lay[:, d].any()) for d in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_buffer_layouts_are_disjoint_and_aligned(world: int) -> None:
+    """Tags first, at a fixed place, in their reserved extent; then the count area and the field regions of
+    both parities: no overlaps, 256-byte aligned starts, all inside nbytes."""
+    cap, k = 1000, 6
+    rb = [8192, 128]
+    need = tag_bytes(world, cap, rb)
+    reserved = need + 4096  # an earlier call used more
+    d = DispatchLayout.of(world, 256, cap, rb, k, reserved)
+    assert d.ncb == 2 and 8 * d.tags == HEAD_BYTES  # 8192-byte rows: two 1024-word column blocks
+    assert 8 * (d.tags + 2 * d.tpar) <= HEAD_BYTES + reserved and 2 * 8 * d.tpar <= need
+    spans = [(HEAD_BYTES, HEAD_BYTES + reserved), (8 * d.cnt, 8 * (d.cnt + 2 * world * d.rw))]
+    for p in (0, 1):
+        for off, b in ((d.x0, 8192), (d.x1, 128), (d.ids, 8 * k), (d.wts, 4 * k), (d.src, 8)):
+            start = 4 * (off + p * d.par)
+            spans.append((start, start + world * cap * b))
+    assert all(a % 256 == 0 for a, _ in spans) and max(b for _, b in spans) <= d.nbytes
+    spans.sort()
+    assert all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
+    crb = [8192, 4 * k]
+    c = CombineLayout.of(world, cap, crb, tag_bytes(world, cap, crb))
+    assert 8 * c.tags == HEAD_BYTES and 8 * (c.tags + 2 * c.tpar) <= 4 * c.y0
+    assert 4 * c.y0 + world * cap * 8192 <= 4 * c.y1 and 4 * (c.y1 + c.par) + world * cap * 4 * k <= c.nbytes
