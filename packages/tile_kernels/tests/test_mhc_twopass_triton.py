@@ -16,23 +16,12 @@ import importlib
 
 import pytest
 import torch
-from test_mhc_triton import (
-    _CUDA,
-    _KERNELS,
-    DEV,
-    TOL,
-    _check,
-    _check_mix,
-    _head_inputs,
-    _inputs,
-    _oracle64,
-    _poisoned,
-)
+from test_mhc_triton import _CUDA, _KERNELS, DEV, TOL, _check, _head_inputs, _inputs, _poisoned, mhc_pre_triton
+from tk_mhc_checks import check_config_sinkhorn, check_head_strided, check_pre_poisoned, check_v4_head, check_v4_pre
 
-from deepinfer.tile_kernels.ref.mhc import mhc_head, mhc_pre
+from deepinfer.tile_kernels.ref.mhc import mhc_pre
 
 _TP = importlib.import_module("deepinfer.tile_kernels.backends.cuda.triton_mhc_twopass")
-mhc_pre_triton = _KERNELS.mhc_pre_triton
 mhc_head_triton = _KERNELS.mhc_head_triton
 CONFIGS = tuple(_TP.TWOPASS_CONFIGS)
 IMPL = "twopass_l2"
@@ -42,14 +31,7 @@ IMPL = "twopass_l2"
     ("t", "d", "dtype"), [(1, 64, torch.float32), (1, 64, torch.bfloat16), (33, 64, torch.float32)], ids=str
 )
 def test_twopass_pre_matches_reference(t: int, d: int, dtype: torch.dtype) -> None:
-    x, fn, scale, base = _inputs(t, d, dtype, seed=37 * t + d)
-    out = _poisoned(t, d, dtype)
-    got = mhc_pre_triton(x, fn, scale, base, 1e-6, 1e-6, 20, out=out, impl=IMPL)
-    assert all(g is o for g, o in zip(got, out))
-    _check(got, mhc_pre(x, fn, scale, base), x)
-    post64, comb64 = _oracle64(x, fn, scale, base)
-    assert (got[1].double() - post64).abs().max().item() <= TOL
-    assert (got[2].double() - comb64).abs().max().item() <= TOL
+    check_pre_poisoned(IMPL, t, d, dtype, seed=37 * t + d)
 
 
 def _cpu_configs() -> list[str]:
@@ -66,14 +48,7 @@ def _cpu_configs() -> list[str]:
 def test_twopass_configs_and_sinkhorn_iters(config: str) -> None:
     """The configs' shapes (token blocks of 16-64: 40 tokens span one to three; d = 128), 3 Sinkhorn iterations,
     other eps; the head with the same config."""
-    x, fn, scale, base = _inputs(40, 128, torch.bfloat16, seed=7)
-    got = mhc_pre_triton(x, fn, scale, base, 1e-5, 1e-3, 3, impl=IMPL, config=config)
-    want = mhc_pre(x, fn, scale, base, 1e-5, 1e-3, 3)
-    assert (got[1] - want[1]).abs().max().item() <= TOL
-    assert (got[2] - want[2]).abs().max().item() <= TOL
-    _check_mix(got[0], want[0], x)
-    xh, fnh, sh, bh = _head_inputs(40, 128, torch.bfloat16, seed=8)
-    _check_mix(mhc_head_triton(xh, fnh, sh, bh, impl=IMPL, config=config), mhc_head(xh, fnh, sh, bh), xh)
+    check_config_sinkhorn(IMPL, config, 40, 128, seed=7)
 
 
 def test_twopass_steady_state_lag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,9 +87,7 @@ def test_twopass_shapes() -> None:
 
 
 def test_twopass_head_strided_and_bad_arguments() -> None:
-    x, fn, scale, base = _head_inputs(17, 256, torch.bfloat16, seed=10)
-    xs = x.transpose(1, 2).contiguous().transpose(1, 2)  # strided x
-    _check_mix(mhc_head_triton(xs, fn, scale, base, impl=IMPL), mhc_head(x, fn, scale, base), x)
+    check_head_strided(IMPL, 17, 256, torch.bfloat16, seed=10)
     xp, fnp, sp, bp = _inputs(3, 64, torch.float32, seed=11)
     with pytest.raises(ValueError, match="config must be one of"):
         mhc_pre_triton(xp, fnp, sp, bp, impl=IMPL, config="spin")
@@ -130,23 +103,13 @@ def test_gpu_twopass_v4_flash_shapes(t: int, config: str) -> None:
     """V4-Flash (hc=4, d=4096, bf16): pre and head against the reference (2 * TOL: its own logit rounding) and
     the float64 oracle (post / comb, first 4,096 tokens); twice, bit-identical (partials summed in split order).
     4,096 tokens are 64-256 blocks, more than any LAG: mix and finish units interleave as at 16,384."""
-    x, fn, scale, base = _inputs(t, 4096, torch.bfloat16, seed=t + 300)
-    got = mhc_pre_triton(x, fn, scale, base, impl=IMPL, config=config)
-    again = mhc_pre_triton(x, fn, scale, base, impl=IMPL, config=config)
-    _check(got, mhc_pre(x, fn, scale, base), x, tol=2 * TOL)
-    n = min(t, 4096)
-    post64, comb64 = _oracle64(x[:n], fn, scale, base)
-    err_post = (got[1][:n].double() - post64).abs().max().item()
-    err_comb = (got[2][:n].double() - comb64).abs().max().item()
-    assert err_post <= TOL and err_comb <= TOL, f"{config} t={t} vs float64: post {err_post}, comb {err_comb}"
-    assert all(torch.equal(a, b) for a, b in zip(got, again)), f"{config} t={t}: two runs differ"
+    (x, fn, scale, base), got = check_v4_pre(IMPL, config, t, seed=t + 300)
     if config == "default" and t > 64:  # impl="fused"'s default splits and summation order (see the CPU test)
         fused = mhc_pre_triton(x, fn, scale, base, impl="fused")
         diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(got, fused)]
         assert all(torch.equal(a, b) for a, b in zip(got, fused)), f"t={t}: not bit-identical to fused: {diffs}"
-    del got, again
-    xh, fnh, sh, bh = _head_inputs(t, 4096, torch.bfloat16, seed=t + 400)
-    _check_mix(mhc_head_triton(xh, fnh, sh, bh, impl=IMPL, config=config), mhc_head(xh, fnh, sh, bh), xh, 2 * TOL)
+    del got
+    check_v4_head(IMPL, config, t, seed=t + 400)
 
 
 @pytest.mark.gpu

@@ -275,44 +275,35 @@ as_ = {
 }
 go("swiglu", a._swiglu_kernel, as_, {"HAS_LIMIT": True, "BLOCK_R": 2, "BLOCK_N": 1024}, 4)
 
-ms = {
-    "x_ptr": "*bf16",
-    "fn_ptr": "*fp32",
-    "part_ptr": "*fp32",
-    "sq_ptr": "*fp32",
-    "T": "i32",
-    "stride_xt": "i64",
-    "stride_xh": "i64",
-    "stride_xd": "i64",
-    "stride_fn_r": "i64",
-    "stride_fn_c": "i64",
-    "k_per_split": "i32",
-}
+
+def mhc_types(head: bool) -> dict[str, str]:
+    """Argument types of every mHC kernel (bf16 x and x_in, fp32 fn / scratch / gates; the head's post and comb
+    pointers are x_in, bf16)."""
+    gate = "*bf16" if head else "*fp32"
+    ptrs = {"x_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32", "sq_ptr": "*fp32", "cnt_ptr": "*i32"}
+    ptrs.update({"scale_ptr": "*fp32", "base_ptr": "*fp32", "xin_ptr": "*bf16", "post_ptr": gate, "comb_ptr": gate})
+    i64 = {k: "i64" for k in ("stride_xt", "stride_xh", "stride_xd", "stride_fn_r", "stride_fn_c")}
+    i32 = ("T", "S", "F", "n_blocks", "lag", "k_per_split", "d_per_split", "d_per_fin", "spin_limit", "sinkhorn_iters")
+    return {**ptrs, **i64, **{k: "i32" for k in i32}, "rms_eps": "fp32", "hc_eps": "fp32"}
+
+
+def go_mhc(name: str, fn, head: bool, cx: dict, *args) -> None:  # noqa: ANN001
+    """go() with fn's non-constexpr arguments, in its order, typed by mhc_types(head)."""
+    go(name, fn, {k: mhc_types(head)[k] for k in fn.arg_names if k not in cx}, cx, *args)
+
+
+def mhc_cx(head: bool, bt: int, bk: int, bd: int, bs: int) -> dict:
+    """Constexprs of the one-launch mHC kernels at V4 shapes (bf16x3 mix dots)."""
+    cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": bk, "BLOCK_D": bd, "BLOCK_S": bs}
+    return {**cx, "PRECISION": "bf16x3", "HEAD": head}
+
+
 for head in (False, True):
     for prec in ("bf16x3", "tf32x3"):
         cx = {"HC": 4, "D": 4096, "BLOCK_T": 64, "BLOCK_K": 64, "PRECISION": prec, "HEAD": head}
-        go(f"mhc mix head={head} {prec}", mh._mhc_mix_kernel, ms, cx, mh.MIX_NUM_WARPS)
-    fs = {
-        "part_ptr": "*fp32",
-        "sq_ptr": "*fp32",
-        "x_ptr": "*bf16",
-        "scale_ptr": "*fp32",
-        "base_ptr": "*fp32",
-        "xin_ptr": "*bf16",
-        "post_ptr": "*bf16" if head else "*fp32",
-        "comb_ptr": "*bf16" if head else "*fp32",
-        "T": "i32",
-        "S": "i32",
-        "stride_xt": "i64",
-        "stride_xh": "i64",
-        "stride_xd": "i64",
-        "d_per_split": "i32",
-        "rms_eps": "fp32",
-        "hc_eps": "fp32",
-        "sinkhorn_iters": "i32",
-    }
+        go_mhc(f"mhc mix head={head} {prec}", mh._mhc_mix_kernel, head, cx, mh.MIX_NUM_WARPS)
     cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
-    go(f"mhc finish head={head}", mh._mhc_finish_kernel, fs, cx, mh.FIN_NUM_WARPS)
+    go_mhc(f"mhc finish head={head}", mh._mhc_finish_kernel, head, cx, mh.FIN_NUM_WARPS)
 
 f4s = {
     "x_ptr": "*bf16",
@@ -405,41 +396,13 @@ for sc in (0, 1, 2):
 # one-launch mHC (triton_mhc_fused.py): pre with each config's constexprs, head with the default's (a few s each)
 for head in (False, True):
     for name, (bt, _splits, warps, bd, bs) in mf.FUSED_CONFIGS.items():
-        if head and name != "default":
-            continue
-        fus = {
-            "x_ptr": "*bf16",
-            "fn_ptr": "*fp32",
-            "part_ptr": "*fp32",
-            "sq_ptr": "*fp32",
-            "cnt_ptr": "*i32",
-            "scale_ptr": "*fp32",
-            "base_ptr": "*fp32",
-            "xin_ptr": "*bf16",
-            "post_ptr": "*bf16" if head else "*fp32",
-            "comb_ptr": "*bf16" if head else "*fp32",
-            "T": "i32",
-            "S": "i32",
-            "stride_xt": "i64",
-            "stride_xh": "i64",
-            "stride_xd": "i64",
-            "stride_fn_r": "i64",
-            "stride_fn_c": "i64",
-            "k_per_split": "i32",
-            "rms_eps": "fp32",
-            "hc_eps": "fp32",
-            "sinkhorn_iters": "i32",
-        }
-        cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": mh.MIX_BLOCK_K, "BLOCK_D": bd}
-        cx.update({"BLOCK_S": bs, "PRECISION": "bf16x3", "HEAD": head})
-        go(f"mhc fused head={head} {name}", mf._mhc_fused_kernel, fus, cx, warps)
+        if not head or name == "default":
+            cx = mhc_cx(head, bt, mh.MIX_BLOCK_K, bd, bs)
+            go_mhc(f"mhc fused head={head} {name}", mf._mhc_fused_kernel, head, cx, warps)
     for name, (bt, _splits, _fin, warps, bd, bs) in mf.SPIN_CONFIGS.items():
-        if head and name != "spin":
-            continue
-        sps = {**fus, "F": "i32", "d_per_fin": "i32", "spin_limit": "i32"}
-        cx = {"HC": 4, "D": 4096, "BLOCK_T": bt, "BLOCK_K": mh.MIX_BLOCK_K, "BLOCK_D": bd}
-        cx.update({"BLOCK_S": bs, "PRECISION": "bf16x3", "HEAD": head})
-        go(f"mhc spin head={head} {name}", mf._mhc_spin_kernel, sps, cx, warps)
+        if not head or name == "spin":
+            cx = mhc_cx(head, bt, mh.MIX_BLOCK_K, bd, bs)
+            go_mhc(f"mhc spin head={head} {name}", mf._mhc_spin_kernel, head, cx, warps)
 
 # one-launch mHC, every program mixes a block and finishes an earlier one (triton_mhc_twopass.py): pre with each
 # config's constexprs, head with the default's
@@ -447,13 +410,10 @@ for head in (False, True):
     for name, c in tp.TWOPASS_CONFIGS.items():
         if head and name != "default":
             continue
-        tps = {**fus, "post_ptr": "*bf16" if head else "*fp32", "comb_ptr": "*bf16" if head else "*fp32"}
-        tps.update({"n_blocks": "i32", "lag": "i32", "d_per_fin": "i32", "spin_limit": "i32"})
-        tps = {k: tps[k] for k in tp._mhc_twopass_kernel.arg_names if k in tps}  # the kernel's argument order
-        cx = {"HC": 4, "D": 4096, "BLOCK_T": c.block_t, "BLOCK_K": c.block_k, "BLOCK_D": c.block_d}
-        cx.update({"BLOCK_S": c.block_s, "PRECISION": "bf16x3", "HEAD": head, "PREFETCH": c.prefetch})
+        cx = {**mhc_cx(head, c.block_t, c.block_k, c.block_d, c.block_s), "PREFETCH": c.prefetch}
         cx.update({"MIX_EVICT": "evict_last" if c.evict else "", "FIN_EVICT": "evict_first" if c.evict else ""})
-        go(f"mhc twopass head={head} {name}", tp._mhc_twopass_kernel, tps, cx, c.warps, True, c.stages, c.maxnreg)
+        args = (c.warps, True, c.stages, c.maxnreg)
+        go_mhc(f"mhc twopass head={head} {name}", tp._mhc_twopass_kernel, head, cx, *args)
 
 # MoE permute / un-permute (triton_moe.py)
 for it in ("*i64", "*i32"):

@@ -22,7 +22,8 @@ results, never a hang. The interpreter runs programs in grid order: the splits a
 
 Counters start at zero (one memset per call). No host sync: CUDA-graph safe. Math and results are those of
 `triton_mhc.py` (same dots, same fp32 partial order per split, partials summed in the same order), so the
-tolerances of its tests apply.
+tolerances of its tests apply. The mix partials, the gates, the spin wait and the launch shapes are the pieces
+this module shares with `triton_mhc_twopass.py` (`triton_mhc_onelaunch.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mhc import DOT_PRECISION, MIX_BLOCK_K, _check_x, _split, _target_programs
+from .triton_mhc import MIX_BLOCK_K, _check_x
+from .triton_mhc_onelaunch import (
+    SPIN_LIMIT,
+    _block_gates,
+    _block_splits,
+    _dot_precision,
+    _mix_partials,
+    _scratch,
+    _wait_arrivals,
+)
 
 __all__ = ["FUSED_CONFIGS", "SPIN_CONFIGS", "mhc_fused_triton"]
 
@@ -52,7 +62,6 @@ SPIN_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "spin": (32, 16, 8, 8, 64, 4),
     "spin_bt64": (64, 16, 16, 4, 16, 1),
 }
-SPIN_LIMIT = 1 << 22  # polls before a finish program gives up (seconds; only a broken dispatch order gets there)
 
 
 @triton.jit
@@ -95,7 +104,7 @@ def _mhc_fused_kernel(
     pid_t = tl.program_id(1)
     _mix_partials(
         x_ptr, fn_ptr, part_ptr, sq_ptr, T, pid_t, pid_s, stride_xt, stride_xh, stride_xd, stride_fn_r,
-        stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD,
+        stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
     )  # fmt: skip
     tl.debug_barrier()  # every warp's partial stores precede the release below
     arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
@@ -156,92 +165,18 @@ def _mhc_spin_kernel(
     if r < S:
         _mix_partials(
             x_ptr, fn_ptr, part_ptr, sq_ptr, T, pid_t, r, stride_xt, stride_xh, stride_xd, stride_fn_r,
-            stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD,
+            stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
         )  # fmt: skip
         tl.debug_barrier()  # every warp's partial stores precede the release below
         tl.atomic_add(cnt_ptr + pid_t, 1, sem="release", scope="gpu")
     else:
         f = r - S
-        seen = tl.atomic_add(cnt_ptr + pid_t, 0, sem="acquire", scope="gpu")
-        rounds = seen * 0
-        while (seen < S) & (rounds < spin_limit):
-            seen = tl.atomic_add(cnt_ptr + pid_t, 0, sem="acquire", scope="gpu")
-            rounds += 1
+        _wait_arrivals(cnt_ptr + pid_t, S, spin_limit)
         _finish_block(
             part_ptr, sq_ptr, x_ptr, scale_ptr, base_ptr, xin_ptr, post_ptr, comb_ptr, T, S, pid_t, stride_xt,
             stride_xh, stride_xd, rms_eps, hc_eps, sinkhorn_iters, f * d_per_fin, d_per_fin, f, HC, D,
             BLOCK_T, BLOCK_D, BLOCK_S, HEAD,
         )  # fmt: skip
-
-
-@triton.jit
-def _mix_partials(
-    x_ptr,
-    fn_ptr,
-    part_ptr,
-    sq_ptr,
-    T,
-    pid_t,
-    pid_s,
-    stride_xt,
-    stride_xh,
-    stride_xd,
-    stride_fn_r,
-    stride_fn_c,
-    k_per_split,
-    HC: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-    HEAD: tl.constexpr,
-):
-    """Split pid_s of token block pid_t: part[pid_s, tokens] = x_flat @ fn_slots^T, sq = sum(x^2) (as the mix
-    kernel of triton_mhc.py, whose docstring explains the padded slots)."""
-    NP: tl.constexpr = 2 * HC * HC
-    K: tl.constexpr = HC * D
-    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = tok < T
-    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
-    p = tl.arange(0, NP)
-    if HEAD:
-        fn_row = tl.where(p < HC, p, -1)
-    else:
-        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
-    fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r
-    fn_rmask = fn_row >= 0
-    kk = tl.arange(0, BLOCK_K)
-    k_lo = pid_s * k_per_split
-    acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, k_per_split, BLOCK_K):
-        k = k_lo + k0 + kk
-        kmask = k < K
-        xr = tl.load(
-            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
-            mask=tmask[:, None] & kmask[None, :],
-            other=0.0,
-        )
-        fv = tl.load(
-            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
-            mask=fn_rmask[None, :] & kmask[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        xv = xr.to(tl.float32)
-        sq += xv * xv
-        if PRECISION == "bf16x3":
-            f1 = fv.to(tl.bfloat16)
-            r1 = fv - f1.to(tl.float32)
-            f2 = r1.to(tl.bfloat16)
-            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(xr, f3, acc)
-            acc = tl.dot(xr, f2, acc)
-            acc = tl.dot(xr, f1, acc)
-        else:
-            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
-    row = pid_s * T + tok.to(tl.int64)
-    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
-    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
 
 
 @triton.jit
@@ -275,52 +210,14 @@ def _finish_block(
 ):
     """Token block pid_t: sum the S partials (split order), gates / Sinkhorn, post / comb (finish part part_idx
     0 only) and x_in columns [d_lo, d_lo + d_len)."""
-    NP: tl.constexpr = 2 * HC * HC
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    pre = _block_gates(
+        part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, T, S, tok, part_idx, rms_eps, hc_eps,
+        sinkhorn_iters, HC, D, BLOCK_T, BLOCK_S, HEAD,
+    )  # fmt: skip
     tmask = tok < T
     tok64 = tok.to(tl.int64)
-    p = tl.arange(0, NP)
-    sb = tl.arange(0, BLOCK_S)
-    acc3 = tl.zeros([BLOCK_S, BLOCK_T, NP], dtype=tl.float32)
-    ss2 = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        row = (s0 + sb)[:, None].to(tl.int64) * T + tok64[None, :]
-        rmask = ((s0 + sb) < S)[:, None] & tmask[None, :]
-        # .cg: from L2 (other SMs wrote them), never a stale L1 line
-        acc3 += tl.load(
-            part_ptr + row[:, :, None] * NP + p[None, None, :], mask=rmask[:, :, None], other=0.0, cache_modifier=".cg"
-        )
-        ss2 += tl.load(sq_ptr + row, mask=rmask, other=0.0, cache_modifier=".cg")
-    acc = tl.sum(acc3, axis=0)
-    r = 1.0 / tl.sqrt(tl.sum(ss2, axis=0) / (HC * D) + rms_eps)
-    m4 = tl.reshape(acc * r[:, None], [BLOCK_T, 2, HC, HC])
-    h4 = tl.arange(0, 2)[None, :, None, None]
-    pp = tl.sum(tl.where(h4 == 0, m4, 0.0), axis=1)
-    ri = tl.arange(0, HC)[None, :, None]
-    cj = tl.arange(0, HC)[None, None, :]
     hh = tl.arange(0, HC)
-    pre_l = tl.sum(tl.where(ri == 0, pp, 0.0), axis=1)
-    sc0 = tl.load(scale_ptr).to(tl.float32)
-    b_pre = tl.load(base_ptr + hh).to(tl.float32)
-    pre = 1.0 / (1.0 + tl.exp(-(pre_l * sc0 + b_pre[None, :]))) + hc_eps
-    if not HEAD:
-        post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)
-        s1 = tl.load(scale_ptr + 1).to(tl.float32)
-        s2 = tl.load(scale_ptr + 2).to(tl.float32)
-        b_post = tl.load(base_ptr + HC + hh).to(tl.float32)
-        b_comb = tl.load(base_ptr + 2 * HC + ri * HC + cj).to(tl.float32)
-        post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))
-        cl = tl.sum(tl.where(h4 == 1, m4, 0.0), axis=1)
-        z = cl * s2 + b_comb
-        e = tl.exp(z - tl.max(z, axis=2)[:, :, None])
-        c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
-        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        for _ in range(sinkhorn_iters - 1):
-            c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
-            c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        gmask = tmask & ((tok * 0 + part_idx) == 0)  # a tensor mask (the interpreter needs one)
-        tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=gmask[:, None])
-        tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=gmask[:, None, None])
     x_tok = x_ptr + tok64 * stride_xt
     dd = tl.arange(0, BLOCK_D)
     h3 = hh[None, :, None]
@@ -338,11 +235,6 @@ def _finish_block(
             y.to(xin_ptr.dtype.element_ty),
             mask=tmask[:, None] & cmask[None, :],
         )
-
-
-def _fused_block_t(t: int, max_bt: int) -> int:
-    """Tokens per block: 16 (the tl.dot minimum) for decode, up to the config's max_bt."""
-    return max(16, min(max_bt, triton.next_power_of_2(max(t, 1))))
 
 
 def mhc_fused_triton(
@@ -366,40 +258,26 @@ def mhc_fused_triton(
     else:
         raise ValueError(f"config must be one of {sorted([*FUSED_CONFIGS, *SPIN_CONFIGS])}, got {config!r}")
     t, hc, d = _check_x(x)
-    bt = _fused_block_t(t, max_bt)
-    bk = min(MIX_BLOCK_K, max(16, triton.next_power_of_2(hc * d)))
-    n_tb = triton.cdiv(t, bt)
-    if (
-        n_tb > MAX_GRID_Y and not n_fin
-    ):  # token blocks run on the grid's second axis (splits first: they dispatch together)
+    bt, bk, n_tb, ks, k_per_split = _block_splits(t, hc, d, x.device, max_bt, max_splits, MIX_BLOCK_K)
+    # token blocks run on the grid's second axis (splits first: they dispatch together)
+    if n_tb > MAX_GRID_Y and not n_fin:
         raise ValueError(f"impl='fused' takes at most {MAX_GRID_Y * max_bt} tokens with config {config!r}, got {t}")
-    n_chunks = triton.cdiv(hc * d, bk)
-    # always max_splits splits (not fewer at large t, as the default mix does): the S splits of a block run
-    # together, so only ~(resident programs / S) blocks are in flight and their x stays in L2 for the finish
-    ks, k_chunks = _split(1, n_chunks, max_splits, max_splits)
-    if t <= 64:  # launch-bound decode: as many splits as the default mix (it fills the GPU with one block)
-        ks, k_chunks = _split(n_tb, n_chunks, _target_programs(x.device), 64)
-    prec = DOT_PRECISION
-    if prec == "auto":
-        prec = "bf16x3" if x.dtype == torch.bfloat16 and x.device.type == "cuda" else "tf32x3"
-    dev = x.device
-    part = torch.empty((ks, t, 2 * hc * hc), dtype=torch.float32, device=dev)
-    sq = torch.empty((ks, t), dtype=torch.float32, device=dev)
-    cnt = torch.zeros(n_tb, dtype=torch.int32, device=dev)
+    prec = _dot_precision(x)
+    part, sq, cnt = _scratch(ks, t, hc, n_tb, x.device)
     bd = min(block_d, max(16, triton.next_power_of_2(d)))
     if n_fin:
         d_per_fin = triton.cdiv(triton.cdiv(d, n_fin), bd) * bd  # a multiple of BLOCK_D
         n_fin = triton.cdiv(d, d_per_fin)
         _mhc_spin_kernel[(n_tb * (ks + n_fin),)](
             x, fn, part, sq, cnt, scale, base, *out, t, ks, n_fin, x.stride(0), x.stride(1), x.stride(2),
-            fn.stride(0), fn.stride(1), k_chunks * bk, d_per_fin, SPIN_LIMIT, float(rms_eps), float(hc_eps),
+            fn.stride(0), fn.stride(1), k_per_split, d_per_fin, SPIN_LIMIT, float(rms_eps), float(hc_eps),
             int(sinkhorn_iters), HC=hc, D=d, BLOCK_T=bt, BLOCK_K=bk, BLOCK_D=bd, BLOCK_S=block_s, PRECISION=prec,
             HEAD=head, num_warps=warps,
         )  # fmt: skip
         return
     _mhc_fused_kernel[(ks, n_tb)](
         x, fn, part, sq, cnt, scale, base, *out, t, ks, x.stride(0), x.stride(1), x.stride(2), fn.stride(0),
-        fn.stride(1), k_chunks * bk, float(rms_eps), float(hc_eps), int(sinkhorn_iters), HC=hc, D=d, BLOCK_T=bt,
+        fn.stride(1), k_per_split, float(rms_eps), float(hc_eps), int(sinkhorn_iters), HC=hc, D=d, BLOCK_T=bt,
         BLOCK_K=bk, BLOCK_D=bd, BLOCK_S=block_s, PRECISION=prec,
         HEAD=head, num_warps=warps,
     )  # fmt: skip

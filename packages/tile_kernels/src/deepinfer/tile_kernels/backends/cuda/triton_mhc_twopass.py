@@ -30,9 +30,10 @@ reads the whole fn (1.5 MB fp32 at V4) from L2 for only 16 tokens. It is measure
 
 PREFETCH configs load the finish's x tiles one step ahead. EVICT configs add L2 eviction hints: the mix loads x
 with evict_last (keep it for the re-read), the finish with evict_first (its last use). Math and results are those
-of `triton_mhc_fused.py` (same dots, same fp32 partial order per split, partials summed in split order), so the
-tolerances of `test_mhc_triton.py` apply; the default config has the fused default's splits, so its results are
-bit-identical to it. Counters start at zero (one memset per call); no host sync: CUDA-graph safe.
+of `triton_mhc_fused.py` (the same mix and gate code, `triton_mhc_onelaunch.py`: same dots, same fp32 partial
+order per split, partials summed in split order), so the tolerances of `test_mhc_triton.py` apply; the default
+config has the fused default's splits, so its results are bit-identical to it. Counters start at zero (one
+memset per call); no host sync: CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -43,7 +44,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mhc import DOT_PRECISION, _check_x, _split, _target_programs
+from .triton_mhc import _check_x
+from .triton_mhc_onelaunch import (
+    SPIN_LIMIT,
+    _block_gates,
+    _block_splits,
+    _dot_precision,
+    _mix_partials,
+    _scratch,
+    _wait_arrivals,
+)
 
 __all__ = ["TWOPASS_CONFIGS", "TwopassConfig", "mhc_twopass_triton"]
 
@@ -82,7 +92,6 @@ TWOPASS_CONFIGS: dict[str, TwopassConfig] = {
     "bt64": _C(64, 16, 10, 8, 3, 64, 64, 2, False, 128, False),
     "self_bt16": _C(16, 1, 0, 4, 3, 64, 64, 1, False, 128, False),
 }
-SPIN_LIMIT = 1 << 22  # polls before a finish unit gives up (seconds; only a broken dispatch order gets there)
 
 
 @triton.jit
@@ -133,7 +142,7 @@ def _mhc_twopass_kernel(
     b = pid // S
     s = pid % S
     if b < n_blocks:
-        _mix_unit(
+        _mix_partials(
             x_ptr, fn_ptr, part_ptr, sq_ptr, T, b, s, stride_xt, stride_xh, stride_xd, stride_fn_r, stride_fn_c,
             k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, MIX_EVICT,
         )  # fmt: skip
@@ -141,88 +150,12 @@ def _mhc_twopass_kernel(
         tl.atomic_add(cnt_ptr + b, 1, sem="release", scope="gpu")
     bf = b - lag
     if bf >= 0:
-        seen = tl.atomic_add(cnt_ptr + bf, 0, sem="acquire", scope="gpu")
-        rounds = seen * 0
-        while (seen < S) & (rounds < spin_limit):
-            seen = tl.atomic_add(cnt_ptr + bf, 0, sem="acquire", scope="gpu")
-            rounds += 1
+        _wait_arrivals(cnt_ptr + bf, S, spin_limit)
         _finish_unit(
             part_ptr, sq_ptr, x_ptr, scale_ptr, base_ptr, xin_ptr, post_ptr, comb_ptr, T, S, bf, s, stride_xt,
             stride_xh, stride_xd, d_per_fin, rms_eps, hc_eps, sinkhorn_iters, HC, D, BLOCK_T, BLOCK_D, BLOCK_S,
             HEAD, FIN_EVICT, PREFETCH,
         )  # fmt: skip
-
-
-@triton.jit
-def _mix_unit(
-    x_ptr,
-    fn_ptr,
-    part_ptr,
-    sq_ptr,
-    T,
-    pid_t,
-    pid_s,
-    stride_xt,
-    stride_xh,
-    stride_xd,
-    stride_fn_r,
-    stride_fn_c,
-    k_per_split,
-    HC: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-    HEAD: tl.constexpr,
-    EVICT: tl.constexpr,
-):
-    """Split pid_s of token block pid_t: part[pid_s, tokens] = x_flat @ fn_slots^T, sq = sum(x^2) (the padded
-    slots of `triton_mhc.py`'s mix kernel; the x loads carry the eviction hint EVICT, "" for none)."""
-    NP: tl.constexpr = 2 * HC * HC
-    K: tl.constexpr = HC * D
-    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = tok < T
-    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
-    p = tl.arange(0, NP)
-    if HEAD:
-        fn_row = tl.where(p < HC, p, -1)
-    else:
-        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
-    fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r
-    fn_rmask = fn_row >= 0
-    kk = tl.arange(0, BLOCK_K)
-    k_lo = pid_s * k_per_split
-    acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, k_per_split, BLOCK_K):
-        k = k_lo + k0 + kk
-        kmask = k < K
-        xr = tl.load(
-            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
-            mask=tmask[:, None] & kmask[None, :],
-            other=0.0,
-            eviction_policy=EVICT,
-        )
-        fv = tl.load(
-            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
-            mask=fn_rmask[None, :] & kmask[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        xv = xr.to(tl.float32)
-        sq += xv * xv
-        if PRECISION == "bf16x3":  # x is bf16: fn = f1 + f2 + f3 in bf16, each product exact in fp32
-            f1 = fv.to(tl.bfloat16)
-            r1 = fv - f1.to(tl.float32)
-            f2 = r1.to(tl.bfloat16)
-            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(xr, f3, acc)
-            acc = tl.dot(xr, f2, acc)
-            acc = tl.dot(xr, f1, acc)
-        else:
-            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
-    row = pid_s * T + tok.to(tl.int64)
-    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
-    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
 
 
 @triton.jit
@@ -258,11 +191,9 @@ def _finish_unit(
     """Token block pid_t, finish unit part_idx: sum the S partials (split order), gates / Sinkhorn, post / comb
     (unit 0 only) and x_in columns [part_idx * d_per_fin, (part_idx + 1) * d_per_fin) (as `_finish_block` of
     `triton_mhc_fused.py`, with the x re-read carrying the eviction hint EVICT)."""
-    NP: tl.constexpr = 2 * HC * HC
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < T
     tok64 = tok.to(tl.int64)
-    p = tl.arange(0, NP)
     hh = tl.arange(0, HC)
     x_tile = x_ptr + tok64[:, None, None] * stride_xt + hh[None, :, None] * stride_xh  # [BT, HC, 1]
     dd = tl.arange(0, BLOCK_D)
@@ -277,46 +208,10 @@ def _finish_unit(
             other=0.0,
             eviction_policy=EVICT,
         )
-    sb = tl.arange(0, BLOCK_S)
-    acc3 = tl.zeros([BLOCK_S, BLOCK_T, NP], dtype=tl.float32)
-    ss2 = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        row = (s0 + sb)[:, None].to(tl.int64) * T + tok64[None, :]
-        rmask = ((s0 + sb) < S)[:, None] & tmask[None, :]
-        # .cg: from L2 (other SMs wrote them), never a stale L1 line
-        acc3 += tl.load(
-            part_ptr + row[:, :, None] * NP + p[None, None, :], mask=rmask[:, :, None], other=0.0, cache_modifier=".cg"
-        )
-        ss2 += tl.load(sq_ptr + row, mask=rmask, other=0.0, cache_modifier=".cg")
-    acc = tl.sum(acc3, axis=0)
-    r = 1.0 / tl.sqrt(tl.sum(ss2, axis=0) / (HC * D) + rms_eps)
-    m4 = tl.reshape(acc * r[:, None], [BLOCK_T, 2, HC, HC])
-    h4 = tl.arange(0, 2)[None, :, None, None]
-    pp = tl.sum(tl.where(h4 == 0, m4, 0.0), axis=1)
-    ri = tl.arange(0, HC)[None, :, None]
-    cj = tl.arange(0, HC)[None, None, :]
-    pre_l = tl.sum(tl.where(ri == 0, pp, 0.0), axis=1)
-    sc0 = tl.load(scale_ptr).to(tl.float32)
-    b_pre = tl.load(base_ptr + hh).to(tl.float32)
-    pre = 1.0 / (1.0 + tl.exp(-(pre_l * sc0 + b_pre[None, :]))) + hc_eps
-    if not HEAD:
-        post_l = tl.sum(tl.where(ri == 1, pp, 0.0), axis=1)
-        s1 = tl.load(scale_ptr + 1).to(tl.float32)
-        s2 = tl.load(scale_ptr + 2).to(tl.float32)
-        b_post = tl.load(base_ptr + HC + hh).to(tl.float32)
-        b_comb = tl.load(base_ptr + 2 * HC + ri * HC + cj).to(tl.float32)
-        post = 2.0 / (1.0 + tl.exp(-(post_l * s1 + b_post[None, :])))
-        cl = tl.sum(tl.where(h4 == 1, m4, 0.0), axis=1)
-        z = cl * s2 + b_comb
-        e = tl.exp(z - tl.max(z, axis=2)[:, :, None])
-        c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
-        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        for _ in range(sinkhorn_iters - 1):
-            c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
-            c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        gmask = tmask & ((tok * 0 + part_idx) == 0)  # a tensor mask (the interpreter needs one)
-        tl.store(post_ptr + tok64[:, None] * HC + hh[None, :], post, mask=gmask[:, None])
-        tl.store(comb_ptr + tok64[:, None, None] * (HC * HC) + ri * HC + cj, c, mask=gmask[:, None, None])
+    pre = _block_gates(
+        part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, T, S, tok, part_idx, rms_eps, hc_eps,
+        sinkhorn_iters, HC, D, BLOCK_T, BLOCK_S, HEAD,
+    )  # fmt: skip
     for d0 in range(d_lo, d_hi, BLOCK_D):
         col = d0 + dd
         if PREFETCH:
@@ -353,18 +248,11 @@ def _twopass_shape(t: int, hc: int, d: int, dev: torch.device, config: str) -> t
     whenever S > 1 (a unit must never wait on a split of higher grid index), and <= n_blocks (no idle programs).
     """
     cfg = TWOPASS_CONFIGS[config]
-    max_bt, max_splits, lag, block_k, block_d = cfg.block_t, cfg.splits, cfg.lag, cfg.block_k, cfg.block_d
-    bt = max(16, min(max_bt, triton.next_power_of_2(max(t, 1))))
-    bk = min(block_k, max(16, triton.next_power_of_2(hc * d)))
-    n_tb = triton.cdiv(t, bt)
-    n_chunks = triton.cdiv(hc * d, bk)
-    ks, k_chunks = _split(1, n_chunks, max_splits, max_splits)
-    if t <= 64:
-        ks, k_chunks = _split(n_tb, n_chunks, _target_programs(dev), 64)
-    bd = min(block_d, max(16, triton.next_power_of_2(d)))
+    bt, bk, n_tb, ks, k_per_split = _block_splits(t, hc, d, dev, cfg.block_t, cfg.splits, cfg.block_k)
+    bd = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
     d_per_fin = triton.cdiv(triton.cdiv(d, ks), bd) * bd
-    lag = min(max(lag, 1 if ks > 1 else 0), n_tb)
-    return bt, n_tb, ks, k_chunks * bk, d_per_fin, lag, bk, bd
+    lag = min(max(cfg.lag, 1 if ks > 1 else 0), n_tb)
+    return bt, n_tb, ks, k_per_split, d_per_fin, lag, bk, bd
 
 
 def mhc_twopass_triton(
@@ -386,13 +274,9 @@ def mhc_twopass_triton(
     t, hc, d = _check_x(x)
     cfg = TWOPASS_CONFIGS[config]
     bt, n_tb, ks, k_per_split, d_per_fin, lag, bk, bd = _twopass_shape(t, hc, d, x.device, config)
-    prec = DOT_PRECISION
-    if prec == "auto":
-        prec = "bf16x3" if x.dtype == torch.bfloat16 and x.device.type == "cuda" else "tf32x3"
+    prec = _dot_precision(x)
     dev = x.device
-    part = torch.empty((ks, t, 2 * hc * hc), dtype=torch.float32, device=dev)
-    sq = torch.empty((ks, t), dtype=torch.float32, device=dev)
-    cnt = torch.zeros(n_tb, dtype=torch.int32, device=dev)
+    part, sq, cnt = _scratch(ks, t, hc, n_tb, dev)
     # maxnreg is a compile option: only on a GPU (the interpreter takes none)
     opts = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and dev.type == "cuda" else {}
     _mhc_twopass_kernel[((n_tb + lag) * ks,)](
