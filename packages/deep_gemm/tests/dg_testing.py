@@ -6,6 +6,8 @@ e8m0, explicit block loops for the scales) so a shared bug cannot hide in both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 FP8 = torch.float8_e4m3fn
@@ -41,6 +43,25 @@ def rand_scales(shape: tuple[int, ...], g: torch.Generator, e8m0: bool) -> torch
 def rand_fp4(shape_packed: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     """Random packed e2m1 bytes (every one of the 256 byte values is a valid pair of codes)."""
     return torch.randint(-128, 128, shape_packed, generator=g, dtype=torch.int16).to(torch.int8)
+
+
+def fp4_group_weights(
+    counts: list[int], n: int, k: int, g: torch.Generator, sb: tuple[int, int] = (118, 130)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped FP4 weights of len(counts) experts: packed uint8 [G, n, k/2] (random e2m1 pairs), E8M0 scale bytes
+    uint8 [G, n, k/32] drawn from [sb[0], sb[1]], offs int32 [G] (cumulative ends of `counts`)."""
+    packed = torch.randint(0, 256, (len(counts), n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(sb[0], sb[1] + 1, (len(counts), n, k // 32), generator=g, dtype=torch.int32)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return packed, scales.to(torch.uint8), offs
+
+
+def bf16_fp4_operands(
+    counts: list[int], n: int, k: int, g: torch.Generator, extra_rows: int = 3, sb: tuple[int, int] = (118, 130)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W4A16 grouped operands: a bf16 [m, k] (m = sum(counts) + extra_rows) then `fp4_group_weights`."""
+    a = torch.randn((sum(counts) + extra_rows, k), generator=g).to(torch.bfloat16)
+    return (a, *fp4_group_weights(counts, n, k, g, sb))
 
 
 def scales64(sf: torch.Tensor) -> torch.Tensor:
@@ -94,6 +115,28 @@ def weight64(b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
     return fp8_weight64(b, sfb) if b.dtype == FP8 else fp4_weight64(b, sfb)
 
 
+def grouped_exact64(
+    x64: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, counts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 value and magnitude (|x| @ |W|^T) [sum(counts), n] of the grouped rows: x64 float64 activations
+    [m, k] (already dequantised), packed FP4 [G, n, k/2] with E8M0 scale bytes [G, n, k/32] (`fp4_weight64`)."""
+    w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
+    rows = sum(counts)
+    val = torch.zeros(rows, packed.shape[1], dtype=torch.float64)
+    mag = torch.zeros_like(val)
+    start = 0
+    for i, c in enumerate(counts):
+        val[start : start + c] = x64[start : start + c] @ w64[i].T
+        mag[start : start + c] = x64[start : start + c].abs() @ w64[i].abs().T
+        start += c
+    return val, mag
+
+
+def rel_fro(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Relative Frobenius error |x - y| / |y| in float64."""
+    return float((x.double() - y.double()).norm() / y.double().norm())
+
+
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """DeepGEMM's similarity error 1 - 2*sum(xy) / sum(x^2 + y^2), in float64 (0 for two empty tensors)."""
     x, y = x.double(), y.double()
@@ -126,3 +169,23 @@ def assert_gemm_close(
         diff_limit = BF16_REL**2 if out.dtype == torch.bfloat16 else (k * U) ** 2
     diff = calc_diff(got, ref)
     assert diff < diff_limit, f"calc_diff {diff:.3e} >= {diff_limit:.3e}"
+
+
+def replay_with_new_offs(
+    launch: Callable[..., object], a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CUDA-graph check of a grouped launch (GPU): capture `launch(a, packed, scales, offs, out)` once with offs
+    [4, 8, 12, 16] (16 rows, 4 groups; warm-up outside the capture), set offs to [0, 1, 1, 9] (groups 0 and 2
+    empty), NaN-fill out and replay. Returns (out bf16 [16, n], offs): rows :9 follow the new offs (no host read of
+    offs), rows 9: must stay NaN."""
+    offs = torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="cuda")
+    out = torch.full((16, packed.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch(a, packed, scales, offs, out)  # warm-up / compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(a, packed, scales, offs, out)
+    offs.copy_(torch.tensor([0, 1, 1, 9], dtype=torch.int32))  # groups 0 and 2 empty; rows 9.. untouched
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out, offs

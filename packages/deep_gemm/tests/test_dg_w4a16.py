@@ -13,6 +13,7 @@ import torch
 if not torch.cuda.is_available():  # before anything imports triton: the interpreter is chosen at @triton.jit time
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import dg_testing as dgt  # noqa: E402
 import pytest  # noqa: E402
 from dg_testing import assert_gemm_close, fp4_weight64, gen  # noqa: E402
 
@@ -22,6 +23,7 @@ from deepinfer.deep_gemm.api_w4a16 import m_grouped_bf16_fp4_gemm_nt_contiguous 
 ENV = "DEEPINFER_DEEP_GEMM_BACKEND"
 E8M0 = torch.float8_e8m0fnu
 NAN = float("nan")
+_rel_fro = dgt.rel_fro  # test_dg_w4a16_v3 imports it from here
 interp_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 
@@ -29,32 +31,12 @@ def _operands(
     counts: list[int], n: int, k: int, g: torch.Generator, extra_rows: int = 3, sb: tuple[int, int] = (120, 130)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """a bf16 [m, k] (m = sum(counts) + extra_rows), packed uint8 [G, n, k/2], E8M0 bytes [G, n, k/32], offs."""
-    m = sum(counts) + extra_rows
-    a = torch.randn((m, k), generator=g).to(torch.bfloat16)
-    packed = torch.randint(0, 256, (len(counts), n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
-    scales = torch.randint(sb[0], sb[1] + 1, (len(counts), n, k // 32), generator=g, dtype=torch.int32)
-    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return a, packed, scales.to(torch.uint8), offs
+    return dgt.bf16_fp4_operands(counts, n, k, g, extra_rows, sb)
 
 
 def _exact64(a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, counts: list[int]) -> tuple:
     """float64 result and magnitude (|a| @ |W|^T) of the grouped rows, with dg_testing's independent dequant."""
-    w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
-    rows = sum(counts)
-    val = torch.zeros(rows, packed.shape[1], dtype=torch.float64)
-    mag = torch.zeros_like(val)
-    start = 0
-    for i, c in enumerate(counts):
-        x = a[start : start + c].double()
-        val[start : start + c] = x @ w64[i].T
-        mag[start : start + c] = x.abs() @ w64[i].abs().T
-        start += c
-    return val, mag
-
-
-def _rel_fro(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Relative Frobenius error |x - y| / |y| in float64."""
-    return float((x.double() - y.double()).norm() / y.double().norm())
+    return dgt.grouped_exact64(a.double(), packed, scales, counts)
 
 
 @pytest.mark.parametrize(
@@ -251,16 +233,7 @@ def test_gpu_cuda_graph_replay() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     a, packed, scales, _ = (t.cuda() for t in _operands([4, 4, 4, 4], 256, 512, gen(23), extra_rows=0))
-    offs = torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="cuda")
-    out = torch.full((16, 256), NAN, dtype=torch.bfloat16, device="cuda")
-    gemm(a, (packed, scales), offs, out)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gemm(a, (packed, scales), offs, out)
-    offs.copy_(torch.tensor([0, 1, 1, 9], dtype=torch.int32))  # groups 0 and 2 empty; rows 9.. untouched
-    out.fill_(NAN)
-    graph.replay()
-    torch.cuda.synchronize()
+    out, offs = dgt.replay_with_new_offs(lambda a, p, s, o, out: gemm(a, (p, s), o, out), a, packed, scales)
     want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
     assert _rel_fro(out[:9], want[:9]) < 4e-3
     assert out[9:].isnan().all()

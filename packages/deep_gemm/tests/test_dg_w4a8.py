@@ -17,6 +17,7 @@ import torch
 if not torch.cuda.is_available():  # before anything imports triton: the interpreter is chosen at @triton.jit time
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import dg_testing as dgt  # noqa: E402
 import pytest  # noqa: E402
 from dg_testing import act64, assert_gemm_close, calc_diff, fp4_weight64, gen  # noqa: E402
 from test_dg_w4a16_v3 import _run_ptx  # noqa: E402  (the PTX-subset emulator)
@@ -29,6 +30,7 @@ ENV = "DEEPINFER_DEEP_GEMM_BACKEND"
 E8M0 = torch.float8_e8m0fnu
 FP8 = torch.float8_e4m3fn
 NAN = float("nan")
+_rel_fro = dgt.rel_fro
 _HERE = pathlib.Path(__file__).resolve().parent
 _SRC = _HERE.parent / "src/deepinfer/deep_gemm/backends/cuda/triton_fp4_fp8_grouped.py"
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -42,29 +44,12 @@ def _operands(counts: list[int], n: int, k: int, g: torch.Generator, extra_rows:
     m = sum(counts) + extra_rows
     a = (torch.randn((m, k), generator=g) * 4).to(FP8)
     sfa = torch.rand((m, k // 128), generator=g) + 0.5
-    packed = torch.randint(0, 256, (len(counts), n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
-    scales = torch.randint(sb[0], sb[1] + 1, (len(counts), n, k // 32), generator=g, dtype=torch.int32)
-    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return a, sfa, packed, scales.to(torch.uint8), offs
+    return (a, sfa, *dgt.fp4_group_weights(counts, n, k, g, sb))
 
 
 def _exact64(a, sfa, packed, scales, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 value and magnitude (|x| @ |W|^T) of the grouped rows, with dg_testing's independent dequant."""
-    x64 = act64(a, sfa)
-    w64 = fp4_weight64(packed.view(torch.int8), scales.view(E8M0))
-    rows = sum(counts)
-    val = torch.zeros(rows, packed.shape[1], dtype=torch.float64)
-    mag = torch.zeros_like(val)
-    start = 0
-    for i, c in enumerate(counts):
-        val[start : start + c] = x64[start : start + c] @ w64[i].T
-        mag[start : start + c] = x64[start : start + c].abs() @ w64[i].abs().T
-        start += c
-    return val, mag
-
-
-def _rel_fro(x: torch.Tensor, y: torch.Tensor) -> float:
-    return float((x.double() - y.double()).norm() / y.double().norm())
+    return dgt.grouped_exact64(act64(a, sfa), packed, scales, counts)
 
 
 @pytest.mark.parametrize(("counts", "n", "k"), [([3, 0, 20, 5], 64, 256), ([0, 17, 1], 32, 128)])

@@ -6,6 +6,11 @@ the sink as one extra logit column, all in float64.
 
 from __future__ import annotations
 
+import pathlib
+import re
+import subprocess
+from collections.abc import Callable
+
 import torch
 
 U32 = 2.0**-24  # fp32 unit roundoff
@@ -99,3 +104,76 @@ def poison_unused(cache: torch.Tensor, idx_lists: list[torch.Tensor]) -> torch.T
         used |= index_mask(idx.reshape(-1, idx.shape[-1]), flat.shape[0]).any(0)
     flat[~used] = float("nan")
     return flat.reshape(cache.shape)
+
+
+# ---------------------------------------------------------------- shared by the CUDA kernels' tests
+
+
+def nvcc_sm90a(src: pathlib.Path, obj: pathlib.Path) -> tuple[str, list[tuple[str, str, str]], list[int]]:
+    """Compile one .cu for sm_90a with ptxas -v (nvcc 13 on PATH): asserts it builds, prints the log, returns (log,
+    [(stack, spill stores, spill loads) bytes per kernel], [registers per kernel])."""
+    proc = subprocess.run(
+        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c", str(src),
+         "-o", str(obj)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
+    print(out)
+    return out, props, regs
+
+
+def assert_empty_token(got: tuple[torch.Tensor, torch.Tensor], sink: torch.Tensor | None, row: int = 1) -> None:
+    """Token `row` has no valid index: its output is exactly 0 and its lse exactly the sink (-inf without one: not
+    checked then)."""
+    assert bool((got[0][row] == 0).all()), f"token {row} max |out| {float(got[0][row].abs().max())}"
+    if sink is not None:
+        assert torch.equal(got[1][row].cpu(), sink), (got[1][row][:4], sink[:4])
+
+
+def strided_io(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPU buffers around q [t, h, 512]: (q copied into a zeroed bf16 [t, h, 520], a NaN bf16 [t, h, 520] for out, a
+    NaN fp32 [t, h, 2] for lse); pass `[..., :512]` / `[..., 0]` views, then `assert_pad_untouched`."""
+    t, h, d = q.shape
+    qd = torch.zeros(t, h, d + 8, dtype=torch.bfloat16, device="cuda")
+    qd[..., :d] = q.cuda()
+    ob = torch.full((t, h, d + 8), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lb = torch.full((t, h, 2), float("nan"), device="cuda")
+    return qd, ob, lb
+
+
+def assert_pad_untouched(ob: torch.Tensor, lb: torch.Tensor, d: int = 512) -> None:
+    """Nothing outside the [..., :d] out view and the [..., 0] lse view of `strided_io`'s buffers was written."""
+    assert bool(torch.isnan(ob[..., d:].float()).all()) and bool(torch.isnan(lb[..., 1]).all())
+
+
+def check_graph_replay(
+    launch: Callable[..., object], fp8: bool, seed: int, replay_seeds: list[int], scale: float
+) -> None:
+    """CUDA-graph check (GPU) on b = 2, s_q = 2 V4 inputs (`_v4_inputs(False, "random", seed)`): capture
+    `launch(q, kv, idx, sink, out, lse)` once on CUDA buffers, then per replay seed s (i-th) write new q (seeded s) and
+    the indices rolled by i + 1 into the same buffers, NaN-fill out, replay and check against the reference."""
+    from test_mla_split import _check, _fp8  # test modules import this one: imported at call time
+    from test_mla_triton import _v4_inputs
+
+    q, caches, lists, sink = _v4_inputs(False, "random", seed)
+    used = (_fp8(caches[0]) if fp8 else caches[0]).cuda()
+    qd, ld, sd = q[:4].cuda(), lists[0][:4].cuda(), sink.cuda()
+    out = torch.empty_like(qd)
+    lse = torch.empty(4, 64, device="cuda")
+    launch(qd, used, ld, sd, out, lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(qd, used, ld, sd, out, lse)
+    for rep, s in enumerate(replay_seeds):
+        q2 = torch.randn(4, 64, 512, generator=torch.Generator().manual_seed(s)).bfloat16()
+        l2 = lists[0].roll(1 + rep, dims=0)[:4]
+        qd.copy_(q2.cuda())
+        ld.copy_(l2.cuda())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check((out.cpu(), lse.cpu()), q2, caches[:1], [l2], sink, scale, (fp8,), gpu_p=True)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
-import re
 import shutil
-import subprocess
 import sys
 import zlib
 
@@ -26,6 +24,7 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # before the @triton.jit decorators run
 pytest.importorskip("triton")
 
+import mla_checks as mc  # noqa: E402
 from mla_checks import dense_oracle, poison_unused, ragged_indices  # noqa: E402
 from test_mla_split import _call, _check, _fp8, _inputs  # noqa: E402
 from test_mla_triton import _assert_close_to, _holes, _v4_inputs, _weight_abs  # noqa: E402
@@ -59,16 +58,7 @@ def probed() -> None:
 def test_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
     """Both template instances (BF16 / FP8 cache) and the PDL combine kernel assemble for sm_90a with no stack frame
     and no spills."""
-    proc = subprocess.run(
-        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
-         str(_SRC / "fm_sparse_decode.cu"), "-o", str(tmp_path / "fm.o")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
-    print(out)
+    out, props, regs = mc.nvcc_sm90a(_SRC / "fm_sparse_decode.cu", tmp_path / "fm.o")
     assert len(props) == 3 and len(regs) == 3, out[-2000:]
     assert all(p == ("0", "0", "0") for p in props), props
     assert all(r <= 255 for r in regs), regs
@@ -259,9 +249,7 @@ def test_v4_shapes_cuda_gpu(t: int, fp8: bool, sink_mode: str) -> None:
     got = _cuda_call(q, caches, lists, sink, fp8)
     _check(got, q, caches, lists, sink, SCALE, (fp8,), gpu_p=True)
     if t > 1:  # token 1: no valid index -> zeros and lse = sink (-inf without one), exactly
-        assert bool((got[0][1] == 0).all()), f"token 1 max |out| {float(got[0][1].abs().max())}"
-        if sink is not None:
-            assert torch.equal(got[1][1].cpu(), sink), (got[1][1][:4], sink[:4])
+        mc.assert_empty_token(got, sink)
 
 
 @gpu
@@ -314,17 +302,14 @@ def test_cuda_strided_out_and_flat_q_gpu() -> None:
     """out / lse as strided views of larger buffers, q as a strided view: every element written, same values."""
     q, caches, lists, sink = _v4_inputs(False, "random", 505)
     q, idx = q[:6], lists[0][:6]
-    qd = torch.zeros(6, 64, 520, dtype=torch.bfloat16, device="cuda")
-    qd[..., :512] = q.cuda()
-    ob = torch.full((6, 64, 520), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lb = torch.full((6, 64, 2), float("nan"), device="cuda")
+    qd, ob, lb = mc.strided_io(q)
     o, lse = _K.sparse_attn_split_triton(
         qd[..., :512], caches[0].cuda(), idx.cuda(), sink.cuda(), SCALE, out=ob[..., :512], lse_out=lb[..., 0],
         kernel="cuda",
     )  # fmt: skip
     assert o.data_ptr() == ob.data_ptr()
     _check((o.cpu(), lse.cpu()), q, caches[:1], [idx], sink, SCALE, (False,), gpu_p=True)
-    assert bool(torch.isnan(ob[..., 512:].float()).all()) and bool(torch.isnan(lb[..., 1]).all())
+    mc.assert_pad_untouched(ob, lb)
 
 
 @gpu
@@ -336,29 +321,11 @@ def test_cuda_strided_out_and_flat_q_gpu() -> None:
 def test_cuda_graph_replay_gpu(fp8: bool, merge: str) -> None:
     """Captured once (b = 2, s_q = 2: split path + merge), replayed twice on new q / indices in the same buffers (the
     last-CTA counters must be back at zero after every replay)."""
-    q, caches, lists, sink = _v4_inputs(False, "random", 606 + fp8)
-    used = (_fp8(caches[0]) if fp8 else caches[0]).cuda()
-    qd, ld, sd = q[:4].cuda(), lists[0][:4].cuda(), sink.cuda()
-    out = torch.empty_like(qd)
-    lse = torch.empty(4, 64, device="cuda")
 
-    def call() -> None:
-        _K.sparse_attn_split_triton(qd, used, ld, sd, SCALE, out=out, lse_out=lse, kernel="cuda", cuda_merge=merge)
+    def launch(q, kv, idx, sink, out, lse) -> None:  # noqa: ANN001
+        _K.sparse_attn_split_triton(q, kv, idx, sink, SCALE, out=out, lse_out=lse, kernel="cuda", cuda_merge=merge)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    for rep in range(2):
-        q2 = torch.randn(4, 64, 512, generator=torch.Generator().manual_seed(607 + rep)).bfloat16()
-        l2 = lists[0].roll(1 + rep, dims=0)[:4]
-        qd.copy_(q2.cuda())
-        ld.copy_(l2.cuda())
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _check((out.cpu(), lse.cpu()), q2, caches[:1], [l2], sink, SCALE, (fp8,), gpu_p=True)
+    mc.check_graph_replay(launch, fp8, 606 + fp8, [607, 608], SCALE)
 
 
 # ------------------------------------------------------------------ GPU: extra cache, plans, heads, engine calls
@@ -378,8 +345,7 @@ def test_cuda_extra_kv_gpu(t: int, fp8: bool, merge: str) -> None:
     q, lists = q[:t], [i[:t] for i in lists]
     got = _call(q, caches, lists, sink, SCALE, (fp8, fp8), kernel="cuda", cuda_merge=merge)
     _check(got, q, caches, lists, sink, SCALE, (fp8, fp8), gpu_p=True)
-    assert bool((got[0][1] == 0).all()), f"token 1 max |out| {float(got[0][1].abs().max())}"
-    assert torch.equal(got[1][1].cpu(), sink), (got[1][1][:4], sink[:4])
+    mc.assert_empty_token(got, sink)
 
 
 @gpu

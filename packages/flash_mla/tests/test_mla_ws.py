@@ -15,9 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
-import re
 import shutil
-import subprocess
 import zlib
 
 import pytest
@@ -28,6 +26,7 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # before the @triton.jit decorators run
 pytest.importorskip("triton")
 
+import mla_checks as mc  # noqa: E402
 from mla_checks import dense_oracle, poison_unused, ragged_indices  # noqa: E402
 from test_mla_split import _check, _fp8  # noqa: E402
 from test_mla_triton import _assert_close_to, _holes, _sink, _v4_inputs, _weight_abs  # noqa: E402
@@ -60,16 +59,7 @@ def test_ws_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> 
     """All 28 instances (BF16 / FP8 cache x ws / ws2 x 7 modes: the kernel + 6 timing ablations) assemble for sm_90a:
     no stack, no spills (setmaxnreg regions included), and ptxas does not serialise the wgmma pipeline (which would
     undo the overlap the kernel is built for)."""
-    proc = subprocess.run(
-        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
-         str(_SRC / "fm_ws_decode.cu"), "-o", str(tmp_path / "ws.o")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
-    print(out)
+    out, props, regs = mc.nvcc_sm90a(_SRC / "fm_ws_decode.cu", tmp_path / "ws.o")
     assert len(props) == 28 and len(regs) == 28, out[-2000:]
     assert all(p == ("0", "0", "0") for p in props), props
     assert all(r <= 168 for r in regs), regs  # 384 threads x 168 = the setmaxnreg budget (72 + 2 x 216 per lane)
@@ -82,16 +72,7 @@ def test_ws3_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) ->
     """ws3's 6 instances (BF16 / FP8 cache x the kernel + 2 timing ablations) assemble for sm_90a: no stack, no spills
     (the producer's 88-register setmaxnreg region holds an FP8 batch of 48 registers across the stage wait), exactly 168
     registers at 384 threads, and ptxas neither serialises the wgmma pipeline nor ignores setmaxnreg."""
-    proc = subprocess.run(
-        ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
-         str(_SRC / "fm_ws3_decode.cu"), "-o", str(tmp_path / "ws3.o")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out)]
-    print(out)
+    out, props, regs = mc.nvcc_sm90a(_SRC / "fm_ws3_decode.cu", tmp_path / "ws3.o")
     assert len(props) == 6 and len(regs) == 6, out[-2000:]
     assert all(p == ("0", "0", "0") for p in props), props
     # exactly 168: the .cu's static_assert (128 x 88 + 256 x 208 = 384 x 168) assumes the launch allocates 168, and
@@ -306,9 +287,7 @@ def test_ws_v4_shapes_gpu(t: int, fp8: bool, sink_mode: str, variant: str) -> No
     got = _ws_call(q, caches[0], lists[0], sink, fp8, variant)
     _check(got, q, caches[:1], lists[:1], sink, SCALE, (fp8,), gpu_p=True)
     if t > 1:  # token 1: no valid index -> zeros and lse = sink (-inf without one), exactly
-        assert bool((got[0][1] == 0).all()), f"token 1 max |out| {float(got[0][1].abs().max())}"
-        if sink is not None:
-            assert torch.equal(got[1][1].cpu(), sink), (got[1][1][:4], sink[:4])
+        mc.assert_empty_token(got, sink)
 
 
 @gpu
@@ -415,11 +394,7 @@ def test_ws_prefill_and_strided_gpu(variant: str) -> None:
     rep = 16
     q = q.repeat(rep, 1, 1)
     idx = lists[0].repeat(rep, 1)
-    t = q.shape[0]
-    qd = torch.zeros(t, 64, 520, dtype=torch.bfloat16, device="cuda")
-    qd[..., :512] = q.cuda()
-    ob = torch.full((t, 64, 520), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lb = torch.full((t, 64, 2), float("nan"), device="cuda")
+    qd, ob, lb = mc.strided_io(q)
     o, lse = _WS.sparse_attn_ws(
         qd[..., :512],
         caches[0].cuda(),
@@ -432,7 +407,7 @@ def test_ws_prefill_and_strided_gpu(variant: str) -> None:
     )
     torch.cuda.synchronize()
     assert o.data_ptr() == ob.data_ptr()
-    assert bool(torch.isnan(ob[..., 512:].float()).all()) and bool(torch.isnan(lb[..., 1]).all())
+    mc.assert_pad_untouched(ob, lb)
     want = dense_oracle(q[:64], caches[:1], [idx[:64]], sink, SCALE, torch.bfloat16)
     bf16_p = 2 * 2.0**-9 * _weight_abs(q[:64], caches[:1], [idx[:64]], sink, SCALE)
     for r in range(rep):  # every repeat of the 64 tokens gives the same answer
@@ -448,25 +423,8 @@ def test_ws_prefill_and_strided_gpu(variant: str) -> None:
 def test_ws_graph_replay_gpu(fp8: bool, variant: str) -> None:
     """Captured once (b = 2, s_q = 2: split path + combine), replayed on new q / indices in the same buffers."""
     _probed(variant)
-    q, caches, lists, sink = _v4_inputs(False, "random", 707 + fp8)
-    used = (_fp8(caches[0]) if fp8 else caches[0]).cuda()
-    qd, ld, sd = q[:4].cuda(), lists[0][:4].cuda(), sink.cuda()
-    out = torch.empty_like(qd)
-    lse = torch.empty(4, 64, device="cuda")
 
-    def call() -> None:
-        _WS.sparse_attn_ws(qd, used, ld, sd, SCALE, out=out, lse_out=lse, variant=variant)
+    def launch(q, kv, idx, sink, out, lse) -> None:  # noqa: ANN001
+        _WS.sparse_attn_ws(q, kv, idx, sink, SCALE, out=out, lse_out=lse, variant=variant)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    q2 = torch.randn(4, 64, 512, generator=torch.Generator().manual_seed(708)).bfloat16()
-    l2 = lists[0].roll(1, dims=0)[:4]
-    qd.copy_(q2.cuda())
-    ld.copy_(l2.cuda())
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    _check((out.cpu(), lse.cpu()), q2, caches[:1], [l2], sink, SCALE, (fp8,), gpu_p=True)
+    mc.check_graph_replay(launch, fp8, 707 + fp8, [708], SCALE)

@@ -58,6 +58,47 @@ def applies(a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> bool
     return a.data_ptr() % 16 == 0 and packed.data_ptr() % 16 == 0 and scales.data_ptr() % 4 == 0
 
 
+def _check_launchable(
+    config: W4A16Config,
+    variant: tuple[int, ...],
+    compiled: tuple[tuple[int, ...], ...] | None,
+    missing: str,
+    a: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    extra_ok: bool = True,
+) -> None:
+    """Shared by the kernel-4 and kernel-5 wrappers, after their own config check: RuntimeError(`missing`) when `_C`
+    lacks the kernel (`compiled` None; else the variants it was built with), RuntimeError when `variant` is not
+    among them, ValueError when the operands do not fit the kernel (`applies` and the caller's `extra_ok`)."""
+    if compiled is None:
+        raise RuntimeError(missing)
+    if variant not in compiled:
+        raise RuntimeError(f"config {config.name!r}: _C was built without this variant (rebuild the package)")
+    if not (applies(a, packed, scales) and extra_ok):
+        raise ValueError(
+            "operands: expected CUDA tensors on an sm_90 device with a and packed 16-byte aligned and scales 4-byte "
+            f"aligned, got device {a.device}, a at {a.data_ptr():#x}, packed at {packed.data_ptr():#x}, scales at "
+            f"{scales.data_ptr():#x}"
+        )
+
+
+def _launch(fn, variant: tuple[int, ...], a, packed, scales, offs, out: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """`fn` (a `_C` launcher) on the current stream of a's device with the variant's template values, then the
+    operands' pointers and sizes (m, n, k, g); nothing to launch when m, n or g is 0. Returns `out`."""
+    m, k = a.shape
+    g, n, _ = packed.shape
+    if m == 0 or n == 0 or g == 0:
+        return out
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        fn(
+            *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
+            m, n, k, g, stream,
+        )  # fmt: skip
+    return out
+
+
 def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(
     a: torch.Tensor,
     packed: torch.Tensor,
@@ -78,27 +119,9 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(
     if variant not in CUDA_VARIANTS:
         raise ValueError(f"config: expected a kernel-4 config of CUDA_VARIANTS, got {config.name!r}")
     mod = _module()
-    if mod is None:
-        raise RuntimeError("deep_gemm._C was not built with the FP4 CUDA kernels (build with DEEPINFER_DEVICE=cuda)")
-    if variant not in compiled_variants():
-        raise RuntimeError(f"config {config.name!r}: _C was built without this variant (rebuild the package)")
-    if not applies(a, packed, scales):
-        raise ValueError(
-            "operands: expected CUDA tensors on an sm_90 device with a and packed 16-byte aligned and scales 4-byte "
-            f"aligned, got device {a.device}, a at {a.data_ptr():#x}, packed at {packed.data_ptr():#x}, scales at "
-            f"{scales.data_ptr():#x}"
-        )
-    m, k = a.shape
-    g, n, _ = packed.shape
-    if m == 0 or n == 0 or g == 0:
-        return out
-    with torch.cuda.device(a.device):
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-        mod.fp4_w4a16_grouped(
-            *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
-            m, n, k, g, stream,
-        )  # fmt: skip
-    return out
+    missing = "deep_gemm._C was not built with the FP4 CUDA kernels (build with DEEPINFER_DEVICE=cuda)"
+    _check_launchable(config, variant, compiled_variants() if mod is not None else None, missing, a, packed, scales)
+    return _launch(mod.fp4_w4a16_grouped, variant, a, packed, scales, offs, out)
 
 
 # ---- kernel 5: the persistent variant (csrc/cuda/dg_fp4_persistent.cuh), prepared in session 4 and not GPU-run yet.
@@ -154,24 +177,8 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(
     _check_p_operands(a, packed, scales, offs, out)
     if out is None:
         out = torch.empty((a.shape[0], packed.shape[1]), dtype=torch.bfloat16, device=a.device)
-    if not available_p():
-        raise RuntimeError("deep_gemm._C lacks the persistent FP4 kernel (build with DEEPINFER_DEVICE=cuda)")
-    if variant not in compiled_p_variants():
-        raise RuntimeError(f"config {config.name!r}: _C was built without this variant (rebuild the package)")
-    if not (applies(a, packed, scales) and offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0):
-        raise ValueError(
-            "operands: expected CUDA tensors on an sm_90 device with a and packed 16-byte aligned and scales 4-byte "
-            f"aligned, got device {a.device}, a at {a.data_ptr():#x}, packed at {packed.data_ptr():#x}, scales at "
-            f"{scales.data_ptr():#x}"
-        )
-    m, k = a.shape
-    g, n, _ = packed.shape
-    if m == 0 or n == 0 or g == 0:
-        return out
-    with torch.cuda.device(a.device):
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-        _module().fp4_w4a16_p_grouped(
-            *variant, a.data_ptr(), packed.data_ptr(), scales.data_ptr(), offs.data_ptr(), out.data_ptr(),
-            m, n, k, g, stream,
-        )  # fmt: skip
-    return out
+    missing = "deep_gemm._C lacks the persistent FP4 kernel (build with DEEPINFER_DEVICE=cuda)"
+    compiled = compiled_p_variants() if available_p() else None
+    extra_ok = offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0
+    _check_launchable(config, variant, compiled, missing, a, packed, scales, extra_ok)
+    return _launch(_module().fp4_w4a16_p_grouped, variant, a, packed, scales, offs, out)

@@ -28,13 +28,12 @@ capture: its counter buffer is allocated on first use).
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import types
 
 import torch
 
 from ..._backend import compiled_module
+from ._cuda_probe import mismatch, probe_main, run_probe
 from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms, plan_num_splits
 
 __all__ = ["DEFAULT_OPTIONS", "MERGES", "PLANS", "available", "cuda_num_splits", "sparse_attn_cuda", "supports"]
@@ -296,17 +295,9 @@ def self_check(seed: int = 0, device: str = "cuda") -> str:
             )
             if device != "cpu":
                 torch.cuda.synchronize()
-            err = (out.float() - ro).abs()
-            bound = 0.02 * float(ro.abs().max()) + 1e-3
-            lerr = float((lse - rl).abs().max())
-            if not bool(torch.isfinite(out).all()) or float(err.max()) > bound or not lerr <= 1e-2:
-                where = tuple(int(i) for i in torch.unravel_index(err.nan_to_num(1e9).argmax(), err.shape))
-                fails.append(
-                    f"fp8={fp8} splits={splits} extra={extra} merge={merge} prefetch={pf}: max |out - ref| "
-                    f"{float(err.max()):.3e} "
-                    f"(bound {bound:.3e}) at {where}, max |lse - ref| {lerr:.3e}, finite out "
-                    f"{bool(torch.isfinite(out).all())}"
-                )
+            why = mismatch(out, lse, ro, rl)
+            if why is not None:
+                fails.append(f"fp8={fp8} splits={splits} extra={extra} merge={merge} prefetch={pf}: {why}")
     return "; ".join(fails)
 
 
@@ -318,25 +309,8 @@ def probe(timeout_s: float = 180.0) -> tuple[bool, str]:
 
 @functools.cache
 def _probe_cached(timeout_s: float) -> tuple[bool, str]:
-    import subprocess
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    env.pop("TRITON_INTERPRET", None)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", __name__], env=env, capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"the CUDA kernel probe did not finish in {timeout_s:.0f} s (hang?)"
-    out = (proc.stdout + proc.stderr)[-3000:]
-    return proc.returncode == 0 and "PROBE OK" in proc.stdout, out
+    return run_probe(__name__, [], timeout_s, "the CUDA kernel")
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available() or not available():
-        print("PROBE FAIL: no CUDA device or no _C")
-        sys.exit(1)
-    why = self_check()
-    print("PROBE OK" if not why else f"PROBE FAIL: {why}", flush=True)
-    sys.exit(0 if not why else 1)
+    probe_main(available(), "no CUDA device or no _C", self_check)

@@ -29,13 +29,15 @@ The launcher reads shapes, strides and pointers only (no host sync): CUDA-graph 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import types
 
 import torch
 
 from ..._backend import compiled_module
+from ._cuda_probe import mismatch, probe_main, run_probe
+from .cuda_sparse_decode import _aligned  # the serial kernel's row / alignment rules hold here too
+from .cuda_sparse_decode import _rows as _cache_rows
 from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms, plan_num_splits
 
 __all__ = [
@@ -124,24 +126,6 @@ def split_plan(
     return -(-tiles // per), per
 
 
-def _aligned(t: torch.Tensor, strides: tuple[int, ...], align: int = 16) -> bool:
-    """Base address `align`-byte aligned and every given stride (elements) a multiple of `align` bytes."""
-    es = t.element_size()
-    return t.data_ptr() % align == 0 and all((s * es) % align == 0 for s in strides)
-
-
-def _cache_rows(kv: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """[slots, width] rows the kernel reads: BF16 rows 16-byte aligned (cp.async), FP8 contiguous 8-byte aligned."""
-    fp8 = kv.dtype == torch.uint8
-    flat = kv.reshape(-1, kv.shape[-1])
-    if fp8:
-        if not flat.is_contiguous() or flat.data_ptr() % 8:
-            flat = flat.contiguous()
-    elif flat.stride(-1) != 1 or not _aligned(flat, (flat.stride(0),)):
-        flat = flat.contiguous()
-    return flat, fp8
-
-
 def _check_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor | None) -> None:
     why = supports(q, kv)
     if why is not None:
@@ -213,7 +197,8 @@ def sparse_attn_ws(
     mod = _module()
     _check_block_rows(mod, variant)
     kv_f, fp8 = _cache_rows(kv)
-    q_c = q if q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1))) else q.contiguous()
+    q_ok = q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1)))
+    q_c = q if q_ok else q.clone(memory_format=torch.contiguous_format)  # contiguous() keeps a misaligned view
     idx = indices if indices.stride(-1) == 1 or indices.shape[1] <= 1 else indices.contiguous()
     o_ok = out.stride(-1) == 1 and _aligned(out, (out.stride(0), out.stride(1)), 4)
     o_dst = out if o_ok else torch.empty(t, h, d, dtype=q.dtype, device=q.device)
@@ -278,16 +263,9 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
                 )
                 if device != "cpu":
                     torch.cuda.synchronize()
-                err = (out.float() - ro).abs()
-                bound = 0.02 * float(ro.abs().max()) + 1e-3
-                lerr = float((lse - rl).abs().max())
-                finite = bool(torch.isfinite(out).all())
-                if not finite or float(err.max()) > bound or not lerr <= 1e-2:
-                    where = tuple(int(i) for i in torch.unravel_index(err.nan_to_num(1e9).argmax(), err.shape))
-                    fails.append(
-                        f"topk={topk} fp8={fp8} splits={splits}: max |out - ref| {float(err.max()):.3e} (bound "
-                        f"{bound:.3e}) at {where}, max |lse - ref| {lerr:.3e}, finite out {finite}"
-                    )
+                why = mismatch(out, lse, ro, rl)
+                if why is not None:
+                    fails.append(f"topk={topk} fp8={fp8} splits={splits}: {why}")
     return "; ".join(fails)
 
 
@@ -333,26 +311,13 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
 
 @functools.cache
 def _probe_cached(timeout_s: float, variant: str) -> tuple[bool, str]:
-    import subprocess
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    env.pop("TRITON_INTERPRET", None)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", __name__, variant], env=env, capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"the warp-specialised kernel ({variant}) probe did not finish in {timeout_s:.0f} s (hang?)"
-    out = (proc.stdout + proc.stderr)[-3000:]
-    return proc.returncode == 0 and "PROBE OK" in proc.stdout, out
+    return run_probe(__name__, [variant], timeout_s, f"the warp-specialised kernel ({variant})")
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available() or not available():
-        print("PROBE FAIL: no CUDA device or no _C.sparse_decode_ws")
-        sys.exit(1)
     arg = sys.argv[1] if len(sys.argv) > 1 else "ws"
-    why = run_ablations() if arg == "ablations" else self_check(variant=arg)
-    print("PROBE OK" if not why else f"PROBE FAIL: {why}", flush=True)
-    sys.exit(0 if not why else 1)
+    probe_main(
+        available(),
+        "no CUDA device or no _C.sparse_decode_ws",
+        lambda: run_ablations() if arg == "ablations" else self_check(variant=arg),
+    )
