@@ -30,6 +30,7 @@ rows sent to other ranks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -129,12 +130,16 @@ class Run:
         dist.all_gather_object(everyone, rows * row_bytes, group=self.group)
         return sum(everyone) / self.world
 
+    def header(self, op: str, impl: str, **extra) -> dict:
+        """A new record: what ran and on which shapes (extra: more fields, or overrides)."""
+        return {"op": op, "impl": impl, "ranks": self.world, "tokens_per_rank": self.cfg["tokens"],
+                "hidden": self.cfg["hidden"], "topk": self.cfg["topk"], "experts": self.cfg["experts"],
+                "error": None, **extra}  # fmt: skip
+
     def record(self, op: str, impl: str, nbytes: float | None, fn, **extra) -> dict:
-        rec = {"op": op, "impl": impl, "ranks": self.world, "tokens_per_rank": self.cfg["tokens"],
-               "hidden": self.cfg["hidden"], "topk": self.cfg["topk"], "experts": self.cfg["experts"],
-               "error": None, **extra}  # fmt: skip
+        rec = self.header(op, impl, **extra)
         mode = rec.pop("timer_mode", "events")
-        try:
+        with _case(self, rec):
             st = self.time(fn, mode)
             rec.update(median_us=st["median_us"], p10_us=st["p10"], p90_us=st["p90"], timer=st["timer"])
             rec["rank_median_us"] = st["rank_median_us"]
@@ -144,14 +149,9 @@ class Run:
                 rec["crossing_bytes_per_rank"] = nbytes
                 rec["gbps"] = gbps(nbytes, st["median_us"])
                 rec["pct_of_ceiling"] = pct_of(rec["gbps"], CEILING)
-        except Exception as exc:  # noqa: BLE001 - one failing case must not lose the run
-            rec["error"] = f"{type(exc).__name__}: {exc}"
-            log(traceback.format_exc())
-        self.records.append(rec)
         us = rec.get("median_us")
         if self.rank == 0:
             log(f"[{time.strftime('%X')}] {op:<26} {impl:<14} " + (f"{us:9.1f} us" if us else rec["error"] or ""))
-        self.save()
         return rec
 
     def save(self) -> None:
@@ -162,6 +162,46 @@ class Run:
                 "smoke": self.smoke, "ceiling": "nvlink_peer_copy_gbps", "ceiling_gbps": CEILING,
                 "baselines": ["nccl-reference", "nccl-a2a-only"]}  # fmt: skip
         write_results_json(self.out, self.records, meta)
+
+
+@contextlib.contextmanager
+def _case(run: Run, rec: dict, cleanup=None):
+    """Fill rec in the block: an exception there becomes rec["error"] (one failing case must not lose the
+    run); then cleanup() if given, and rec joins the run's records, saved at once (a partial run keeps it)."""
+    try:
+        yield rec
+    except Exception as exc:  # noqa: BLE001
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+        log(traceback.format_exc())
+    finally:
+        if cleanup is not None:
+            cleanup()
+    run.records.append(rec)
+    run.save()
+
+
+def _compare(name: str, check) -> bool | None:
+    """check() (a comparison with the reference, on every rank), or None when it raised (logged)."""
+    try:
+        return check()
+    except Exception as exc:  # noqa: BLE001
+        log(f"{name}: reference comparison failed: {type(exc).__name__}: {exc}")
+        log(traceback.format_exc())
+        return None
+
+
+def _isolated_calls(run: Run, fn, reps: int, sleep_cycles: int = 0, after=None) -> None:
+    """reps calls of fn, each isolated: device synced and ranks aligned before it (then, with sleep_cycles,
+    the GPU sleeps while the host queues the call), device synced after it, then after() if given."""
+    for _ in range(reps):
+        _sync(run)
+        dist.barrier(group=run.group)
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
+        fn()
+        _sync(run)
+        if after is not None:
+            after()
 
 
 def _graph_stats(fn, warmup: int, rep: int, calls: int = 8) -> dict:
@@ -257,12 +297,8 @@ def bench_nosync(run: Run) -> None:
     c = run.cfg
     worst = c["tokens"] * run.world  # the bound DeepEP users pass: every token of every rank
     buf = Buffer(run.group)
-    try:  # (not in the smoke run: the interpreter is slow, and the CPU tests compare the same)
-        matches = None if run.smoke else _matches_worst(run, buf, worst)
-    except Exception as exc:  # noqa: BLE001
-        log(f"fast-nosync: reference comparison failed: {type(exc).__name__}: {exc}")
-        log(traceback.format_exc())
-        matches = None
+    # (not in the smoke run: the interpreter is slow, and the CPU tests compare the same)
+    matches = None if run.smoke else _compare("fast-nosync", lambda: _matches_worst(run, buf, worst))
     used = f"{type(buf._fast).__name__}/{buf._fast.impl}/nosync" if buf._fast else "reference (fast path unavailable)"
     kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
     args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst}
@@ -295,12 +331,7 @@ def bench_overlap(run: Run) -> None:
     worst = c["tokens"] * run.world
     buf = Buffer(run.group)
     t0 = time.time()
-    try:
-        matches = None if run.smoke else _matches_worst(run, buf, worst, overlap=True)
-    except Exception as exc:  # noqa: BLE001
-        log(f"fast-overlap: reference comparison failed: {type(exc).__name__}: {exc}")
-        log(traceback.format_exc())
-        matches = None
+    matches = None if run.smoke else _compare("fast-overlap", lambda: _matches_worst(run, buf, worst, overlap=True))
     args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
             "overlap": True}  # fmt: skip
     h, meta = c["hidden"], _meta_bytes(run)
@@ -341,17 +372,9 @@ def bench_stages(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
     overlap). median_us = their sum."""
     import deepinfer.deep_ep._nosync as nosync
 
-    c = run.cfg
-    rec = {"op": f"{op} gpu stages", "impl": impl, "ranks": run.world, "tokens_per_rank": c["tokens"],
-           "hidden": c["hidden"], "topk": c["topk"], "experts": c["experts"], "error": None, **kw}  # fmt: skip
     nosync.STAGES = []
-    try:
-        for _ in range(reps):
-            _sync(run)
-            dist.barrier(group=run.group)
-            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU cycles: the host queues the call meanwhile
-            fn()
-            _sync(run)
+    with _case(run, run.header(f"{op} gpu stages", impl, **kw), lambda: setattr(nosync, "STAGES", None)) as rec:
+        _isolated_calls(run, fn, reps, sleep_cycles=20_000_000)  # ~10 ms of GPU cycles: the host queues the call
         per: dict[str, list[float]] = {}
         for entry in nosync.STAGES:
             for (_, a), (name, b) in zip(entry, entry[1:]):
@@ -360,13 +383,6 @@ def bench_stages(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
         rec.update(median_us=sum(med.values()), stages_us=med, timer="CUDA events between stages, GPU queued ahead")
         if run.rank == 0:
             log(f"{op} gpu stages ({impl}): " + ", ".join(f"{n} {v:.1f} us" for n, v in med.items()))
-    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the run
-        rec["error"] = f"{type(exc).__name__}: {exc}"
-        log(traceback.format_exc())
-    finally:
-        nosync.STAGES = None
-    run.records.append(rec)
-    run.save()
 
 
 def bench_fast(run: Run, impl: str) -> None:
@@ -374,11 +390,7 @@ def bench_fast(run: Run, impl: str) -> None:
     os.environ["DEEPINFER_DEEP_EP_IMPL"] = impl  # read when the Buffer builds its fast path
     c, name = run.cfg, f"fast-{impl}"
     buf = Buffer(run.group)
-    try:
-        matches = _matches(run, buf)
-    except Exception as exc:  # noqa: BLE001
-        log(f"{name}: reference comparison failed: {type(exc).__name__}: {exc}")
-        matches = None
+    matches = _compare(name, lambda: _matches(run, buf))
     # "IntranodeNormal/triton" = the fused kernels ran; ".../torch" under fast-triton = their probe failed
     used = f"{type(buf._fast).__name__}/{buf._fast.impl}" if buf._fast else "reference (fast path unavailable)"
     kw = {"matches_reference": matches, "path": used}
@@ -407,17 +419,9 @@ def bench_phases(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
     idles meanwhile); rest = -> return; gpu_tail = return -> GPU done. median_us = start -> GPU done."""
     import deepinfer.deep_ep._fused as fused
 
-    c = run.cfg
-    rec = {"op": f"{op} host phases", "impl": impl, "ranks": run.world, "tokens_per_rank": c["tokens"],
-           "hidden": c["hidden"], "topk": c["topk"], "experts": c["experts"], "error": None, **kw}  # fmt: skip
     fused.PHASES = []
-    try:
-        for _ in range(reps):
-            _sync(run)
-            dist.barrier(group=run.group)
-            fn()
-            _sync(run)
-            fused.PHASES[-1]["done"] = time.perf_counter()
+    with _case(run, run.header(f"{op} host phases", impl, **kw), lambda: setattr(fused, "PHASES", None)) as rec:
+        _isolated_calls(run, fn, reps, after=lambda: fused.PHASES[-1].update(done=time.perf_counter()))
         steps = [("queued", "start", "queued"), ("wait", "queued", "synced"), ("push", "synced", "pushed"),
                  ("rest", "pushed", "returned"), ("gpu_tail", "returned", "done"),
                  ("total", "start", "done")]  # fmt: skip
@@ -425,13 +429,6 @@ def bench_phases(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
         rec.update(median_us=med["total"], phases_us=med, timer="host perf_counter, synced calls")
         if run.rank == 0:
             log(f"{op} phases ({impl}): " + ", ".join(f"{n} {v:.0f} us" for n, v in med.items()))
-    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the run
-        rec["error"] = f"{type(exc).__name__}: {exc}"
-        log(traceback.format_exc())
-    finally:
-        fused.PHASES = None
-    run.records.append(rec)
-    run.save()
 
 
 def _sync(run: Run) -> None:
@@ -554,11 +551,8 @@ def bench_low_latency(run: Run) -> None:
     fast._ll_path(run.device)  # start the fast path now (a collective + probe), so `path` below is known
     nccl = Buffer(run.group)  # low_latency_mode=False: the reference
     for t in run.cfg["ll_tokens"]:
-        try:  # (not in the smoke run: the interpreter is slow, and the CPU tests compare the same)
-            matches = None if run.smoke else _ll_matches(run, fast, t)
-        except Exception as exc:  # noqa: BLE001
-            log(f"ll t={t}: reference comparison failed: {type(exc).__name__}: {exc}")
-            matches = None
+        # (not in the smoke run: the interpreter is slow, and the CPU tests compare the same)
+        matches = None if run.smoke else _compare(f"ll t={t}", lambda t=t: _ll_matches(run, fast, t))
         path = f"{type(fast._ll).__name__}/quant-{fast._ll.quant}" if fast._ll else "reference (fast path unavailable)"
         kw = {"matches_reference": matches, "path": path, "tokens_per_rank": t}
         for op, (fn, nbytes) in _ll_ops(run, fast, t).items():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,8 @@ from deepinfer.deep_ep import Buffer
 from deepinfer.deep_ep import reference as ref
 from deepinfer.deep_ep._comm import Comm
 from deepinfer.deep_ep.intranode import IntranodeNormal
+
+T = TypeVar("T")
 
 
 def random_routing(
@@ -205,6 +209,23 @@ def check_worst_vs_reference(
             assert max(received) <= 1, f"rank {rank}: no error for a bound of 1 row (received {received})"
 
 
+def capture_graph(step: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """CUDA only: one call of step on a side stream (warms the caching allocator on the capture stream),
+    then one call captured in a CUDA graph. Returns (the graph, the captured call's outputs: each replay
+    rewrites them). thread_local: the NCCL watchdog thread may query events while we capture (legal there)."""
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        static = step()
+    return graph, static
+
+
 def worst_graph_equals_eager(
     buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int], overlap: bool = False
 ) -> None:
@@ -233,16 +254,7 @@ def worst_graph_equals_eager(
     assert buf.dispatch(x, **args)[4].overlap == overlap, "the overlapped variant did not run"
     assert eager[8] is not None, "the no-sync path did not run"
     n = int(eager[8][-2])
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm the caching allocator on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the NCCL watchdog may query events
-        static = step()
+    graph, static = capture_graph(step)
     names = ("recv_x", "idx", "weights", "fp8", "scales", "fp8 idx", "cached", "counts", "matrix", "out", "out_w")
     for r in range(3):
         graph.replay()

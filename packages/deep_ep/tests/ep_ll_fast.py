@@ -9,7 +9,7 @@ equal; rows past the count are not compared: the fast path leaves them stale); c
 from __future__ import annotations
 
 import torch
-from ep_fast import buf_device, random_routing
+from ep_fast import buf_device, capture_graph, random_routing
 
 from deepinfer.deep_ep import Buffer
 from deepinfer.deep_ep import reference_ll as ref_ll
@@ -108,17 +108,7 @@ def ll_graph_equals_eager(buf: Buffer, seed: int, hidden: int, num_experts: int,
 
     eager = [v.clone() for v in step()]  # first call: allocates / grows the buffers outside the graph
     eager_rows = _valid_rows(eager)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm the caching allocator on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: the NCCL watchdog thread may query events while we capture (legal in this mode)
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        static = step()
+    graph, static = capture_graph(step)
     for r in range(3):
         graph.replay()
         torch.cuda.synchronize()

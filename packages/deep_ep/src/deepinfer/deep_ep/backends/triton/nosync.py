@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rows import _combine_reduce_kernel
+
 # rows per program of the movers: the tuned gather's shape on the GPU (as in fused.py); 32 under the
 # interpreter, which runs programs one after another (a program costs ~0.1 s there, whatever its size)
 BLOCK_T = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 4
@@ -40,31 +42,42 @@ ERRORS = {
 @triton.jit
 def _plan_kernel(area, mat, counts, width, rank, per_rank, num_experts, align, cap,
                  R: tl.constexpr, RP: tl.constexpr, EP: tl.constexpr):  # fmt: skip
-    """One program: M into mat, rows received, error bits, tokens per local expert (aligned) into counts."""
+    """`plan`'s one program (the overlapped mode runs the same body with .cg loads, after its waits)."""
+    _plan_area(area, width, mat, counts, rank, per_rank, num_experts, align, cap, R, RP, EP, "")
+
+
+@triton.jit
+def _plan_area(area, width, mat, counts, rank, per_rank, num_experts, align, cap,
+               R: tl.constexpr, RP: tl.constexpr, EP: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """One program: M into mat, rows received, error bits, tokens per local expert (aligned) into counts.
+
+    area: the exchanged rows (R rows of `width` int64 words); CACHE: the loads' cache modifier ("" or ".cg")."""
     ss = tl.arange(0, RP)
     dd = tl.arange(0, RP)
     sm = ss < R
     m2 = sm[:, None] & (dd < R)[None, :]
-    m = tl.load(area + ss[:, None] * width + dd[None, :], mask=m2, other=0)
+    m = tl.load(area + ss[:, None] * width + dd[None, :], mask=m2, other=0, cache_modifier=CACHE)
     tl.store(mat + ss[:, None] * R + dd[None, :], m, mask=m2)
     recv = tl.sum(m, axis=0)  # [RP]: rows each rank receives
     tl.store(mat + R * R, tl.sum(tl.where(dd == rank, recv, 0), axis=0))
     tail = R + num_experts
     jj = tl.arange(0, 8)
-    sig = tl.load(area + ss[:, None] * width + tail + jj[None, :], mask=sm[:, None] & (jj < 5)[None, :], other=0)
+    sig = tl.load(area + ss[:, None] * width + tail + jj[None, :], mask=sm[:, None] & (jj < 5)[None, :], other=0,
+                  cache_modifier=CACHE)  # fmt: skip
     sig0 = tl.sum(tl.where(ss[:, None] == 0, sig, 0), axis=0)  # rank 0's signature [8]
     err = tl.max(tl.max(tl.where(sm[:, None] & (sig != sig0[None, :]), ERR_SIG, 0), axis=1), axis=0)
-    lo = tl.min(tl.load(area + ss * width + tail + 5, mask=sm, other=0), axis=0)
-    hi = tl.max(tl.load(area + ss * width + tail + 6, mask=sm, other=-1), axis=0)
+    lo = tl.min(tl.load(area + ss * width + tail + 5, mask=sm, other=0, cache_modifier=CACHE), axis=0)
+    hi = tl.max(tl.load(area + ss * width + tail + 6, mask=sm, other=-1, cache_modifier=CACHE), axis=0)
     err = err | tl.where((lo < -1) | (hi >= num_experts), ERR_IDS, 0)
-    bad = tl.load(area + ss[:, None] * width + tail + 7 + dd[None, :], mask=m2, other=0)
+    bad = tl.load(area + ss[:, None] * width + tail + 7 + dd[None, :], mask=m2, other=0, cache_modifier=CACHE)
     err = err | tl.where(tl.max(tl.max(bad, axis=1), axis=0) != 0, ERR_LAYOUT, 0)
     err = err | tl.where(tl.max(recv, axis=0) > cap, ERR_OVERFLOW, 0)
     tl.store(mat + R * R + 1, err.to(tl.int64))
     ee = tl.arange(0, EP)
     em = ee < per_rank
     cols = R + rank * per_rank + ee
-    per = tl.load(area + ss[:, None] * width + cols[None, :], mask=sm[:, None] & em[None, :], other=0)
+    per = tl.load(area + ss[:, None] * width + cols[None, :], mask=sm[:, None] & em[None, :], other=0,
+                  cache_modifier=CACHE)  # fmt: skip
     c = tl.sum(per, axis=0)
     tl.store(counts + ee, ((c + align - 1) // align * align).to(tl.int32), mask=em)
 
@@ -151,26 +164,45 @@ def _push_body(
     valid = sent & (r < cap)  # rows past the receive bound W are dropped (flagged by plan)
     t64 = toks.to(tl.int64)
     if HANDLE:
-        tl.store(send_pos + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
-        tl.store(send_tok + local + send_off, t64, mask=sent & first)
+        _store_handle(send_pos, send_tok, toks, t64, tm, sent, first, local, send_off)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    m = valid[:, None] & (cols < w0)[None, :]
-    v = tl.load(x0 + t64[:, None] * w0 + cols[None, :], mask=m)
-    tl.store(d0 + r[:, None] * w0 + cols[None, :], v, mask=m)
+    _move(x0, d0, w0, t64, r, valid, cols)
     if NX == 2:
-        m = valid[:, None] & (cols < w1)[None, :]
-        v = tl.load(x1 + t64[:, None] * w1 + cols[None, :], mask=m)
-        tl.store(d1 + r[:, None] * w1 + cols[None, :], v, mask=m)
+        _move(x1, d1, w1, t64, r, valid, cols)
     if META:  # top-k ids / weights rewritten for the receiver (local ids, -1 / 0 elsewhere) + the token index
-        kk = tl.arange(0, BLOCK_K)
-        mk = (valid & first)[:, None] & (kk < k)[None, :]
-        ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=mk, other=-1)
-        w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=mk, other=0.0)
-        loc = ids - lo_e
-        mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
-        tl.store(didx + r[:, None] * k + kk[None, :], tl.where(mine, loc, -1), mask=mk)
-        tl.store(dwts + r[:, None] * k + kk[None, :], tl.where(mine, w, 0.0), mask=mk)
-        tl.store(dsrc + r, t64, mask=valid & first)
+        _store_meta(idx, wts, didx, dwts, dsrc, t64, r, valid & first, k, lo_e, per_rank, BLOCK_K)
+
+
+@triton.jit
+def _store_handle(send_pos, send_tok, toks, t64, tm, sent, first, local, send_off):
+    """The handle of tokens toks [BT] (t64: the same as int64): send_pos[toks] = local + send_off (-1 where
+    not sent), send_tok[local + send_off] = the token. Only the programs of column block 0 store (`first`)."""
+    tl.store(send_pos + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
+    tl.store(send_tok + local + send_off, t64, mask=sent & first)
+
+
+@triton.jit
+def _local_topk(idx, wts, t64, mk, kk, k, lo_e, per_rank):
+    """Top-k slots kk [BK] of tokens t64 [BT] (under mk [BT, BK]): (mine: the id is one of the experts lo_e ..
+    lo_e + per_rank - 1, the id made local (loc = id - lo_e), the weight), three [BT, BK] blocks. Receivers
+    get tl.where(mine, loc, -1) and tl.where(mine, w, 0.0)."""
+    ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=mk, other=-1)
+    w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=mk, other=0.0)
+    loc = ids - lo_e
+    mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
+    return mine, loc, w
+
+
+@triton.jit
+def _store_meta(idx, wts, didx, dwts, dsrc, t64, r, rm, k, lo_e, per_rank, BLOCK_K: tl.constexpr):
+    """Rows r [BT] (under rm) of the receiver's ids / weights [cap, k] (`_local_topk` of tokens t64) and
+    source index [cap] (t64)."""
+    kk = tl.arange(0, BLOCK_K)
+    mk = rm[:, None] & (kk < k)[None, :]
+    mine, loc, w = _local_topk(idx, wts, t64, mk, kk, k, lo_e, per_rank)
+    tl.store(didx + r[:, None] * k + kk[None, :], tl.where(mine, loc, -1), mask=mk)
+    tl.store(dwts + r[:, None] * k + kk[None, :], tl.where(mine, w, 0.0), mask=mk)
+    tl.store(dsrc + r, t64, mask=rm)
 
 
 def push(
@@ -255,10 +287,11 @@ def _world(mat: torch.Tensor) -> int:
 
 
 @triton.jit
-def _copy(src, dst, w, rows, rm, cols):
+def _move(src, dst, w, src_rows, dst_rows, rm, cols):
+    """dst[dst_rows, cols] = src[src_rows, cols] (rows under rm, columns < w; both [*, w] contiguous)."""
     m = rm[:, None] & (cols < w)[None, :]
-    v = tl.load(src + rows[:, None] * w + cols[None, :], mask=m)
-    tl.store(dst + rows[:, None] * w + cols[None, :], v, mask=m)
+    v = tl.load(src + src_rows[:, None] * w + cols[None, :], mask=m)
+    tl.store(dst + dst_rows[:, None] * w + cols[None, :], v, mask=m)
 
 
 @triton.jit
@@ -282,13 +315,13 @@ def _copy_out_kernel(
     rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     rm = (rows < n) & ((rows < lo) | (rows >= hi))
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    _copy(s0, d0, w0, rows, rm, cols)
+    _move(s0, d0, w0, rows, rows, rm, cols)
     if NX == 2:
-        _copy(s1, d1, w1, rows, rm, cols)
+        _move(s1, d1, w1, rows, rows, rm, cols)
     if META:
-        _copy(si, di, wi, rows, rm, cols)
-        _copy(sw, dw, ww, rows, rm, cols)
-        _copy(ss, ds, ws, rows, rm, cols)
+        _move(si, di, wi, rows, rows, rm, cols)
+        _move(sw, dw, ww, rows, rows, rm, cols)
+        _move(ss, ds, ws, rows, rows, rm, cols)
         pad = (rows >= n) & (rows < cap)
         _fill(di, wi, rows, pad, cols, -1)
         _fill(dw, ww, rows, pad, cols, 0)
@@ -327,13 +360,9 @@ def _combine_send_kernel(
     src_rows = recv_off + i
     dst_rows = send_off + i
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    m = rm[:, None] & (cols < w0)[None, :]
-    v = tl.load(x0 + src_rows[:, None] * w0 + cols[None, :], mask=m)
-    tl.store(d0 + dst_rows[:, None] * w0 + cols[None, :], v, mask=m)
+    _move(x0, d0, w0, src_rows, dst_rows, rm, cols)
     if NX == 2:
-        m = rm[:, None] & (cols < w1)[None, :]
-        v = tl.load(x1 + src_rows[:, None] * w1 + cols[None, :], mask=m)
-        tl.store(d1 + dst_rows[:, None] * w1 + cols[None, :], v, mask=m)
+        _move(x1, d1, w1, src_rows, dst_rows, rm, cols)
 
 
 def combine_send(mat: torch.Tensor, rank: int, src_rank: int, cap: int, xs: list[tuple[torch.Tensor, torch.Tensor]],
@@ -361,26 +390,8 @@ def _reduce_kernel(
     self_lo, recv_lo, n_self = _offsets(mat, rank, rank, R, RP)
     self_hi = self_lo + n_self
     shift = recv_lo - self_lo
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    tmask = toks < num_tokens
-    cmask = (cols < width)[None, :]
-    acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
-    for d in tl.static_range(R):  # ascending rank: the reference's summation order
-        p = tl.load(pos + d * num_tokens + toks, mask=tmask, other=-1).to(tl.int64)
-        mine = (p >= self_lo) & (p < self_hi)  # rows this rank returned to itself are still in y
-        theirs = (p >= 0) & ~mine
-        a = tl.load(back + p[:, None] * width + cols[None, :], mask=theirs[:, None] & cmask, other=0.0)
-        b = tl.load(y + (p + shift)[:, None] * width + cols[None, :], mask=mine[:, None] & cmask, other=0.0)
-        acc += tl.where(mine[:, None], b.to(tl.float32), a.to(tl.float32))
-    offs = toks.to(tl.int64)[:, None] * width + cols[None, :]
-    if BF16_BITS:  # out is an int16 view of bf16: round to nearest even by hand (the interpreter truncates)
-        bits = acc.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(acc != acc, 0x7FC0, rounded)  # NaN stays NaN
-        tl.store(out + offs, rounded.to(tl.int16), mask=tmask[:, None] & cmask)
-    else:
-        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=tmask[:, None] & cmask)
+    _combine_reduce_kernel(pos, back, y, out, num_tokens, width, self_lo, self_hi, shift, R, BLOCK_T, BLOCK_W,
+                           BF16_BITS)  # fmt: skip
 
 
 def reduce(pos: torch.Tensor, mat: torch.Tensor, rank: int, back: torch.Tensor, y: torch.Tensor,

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .ll import _and, _flag_peer, _peers8, _store_peer
+from .nosync import _fill, _local_topk, _move, _offsets, _plan_area, _store_handle, _store_meta
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_T = 32 if INTERPRET else 4  # rows per mover step (the tuned gather's shape on the GPU)
@@ -53,10 +54,6 @@ MAX_PERSIST = 2 if INTERPRET else 128  # persistent programs per peer (copy-out)
 NEVER = tl.constexpr(-7)  # compare value of the acquiring CAS: never equal to a flag, so it never writes
 FLAG_CNT = tl.constexpr(0)  # int64 flags at the head of the dispatch buffer: [count flags (8)]
 FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
-ERR_SIG: tl.constexpr = tl.constexpr(1)  # the error bits of nosync.ERRORS
-ERR_IDS: tl.constexpr = tl.constexpr(2)
-ERR_LAYOUT: tl.constexpr = tl.constexpr(4)
-ERR_OVERFLOW: tl.constexpr = tl.constexpr(8)
 BIG: tl.constexpr = tl.constexpr(1 << 62)
 
 
@@ -164,24 +161,9 @@ def _wait(ptr, ep, ctr, spin_limit):
 
 @triton.jit
 def _xchg_peer(peers, dd: tl.constexpr, offs, val, mask):
-    """Release exchange (system scope) of val at offs of peer dd's buffer, element-wise under mask."""
-    p0, p1, p2, p3, p4, p5, p6, p7 = peers
-    if dd == 0:
-        tl.atomic_xchg(p0 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 1:
-        tl.atomic_xchg(p1 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 2:
-        tl.atomic_xchg(p2 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 3:
-        tl.atomic_xchg(p3 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 4:
-        tl.atomic_xchg(p4 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 5:
-        tl.atomic_xchg(p5 + offs, val, mask=mask, sem="release", scope="sys")
-    elif dd == 6:
-        tl.atomic_xchg(p6 + offs, val, mask=mask, sem="release", scope="sys")
-    else:
-        tl.atomic_xchg(p7 + offs, val, mask=mask, sem="release", scope="sys")
+    """Release exchange (system scope) of val at offs of peer dd's buffer, element-wise under mask (peers: a
+    tuple of 8 pointers, dd constexpr: the pick happens at compile time)."""
+    tl.atomic_xchg(peers[dd] + offs, val, mask=mask, sem="release", scope="sys")
 
 
 @triton.jit
@@ -295,16 +277,39 @@ def _send_offsets(bcnt, nb, d, blk_l, R: tl.constexpr, RP: tl.constexpr, NBP: tl
 
 
 @triton.jit
-def _meta_words(idx, wts, toks, tm, k, lo_e, per_rank, BK: tl.constexpr):
-    """Top-k ids rewritten to d's local ids (-1 elsewhere) and weights (0 elsewhere) of tokens `toks`, as
+def _send_block(lpos, bcnt, send_pos, send_tok, d, blk, cb, t, nb,
+                R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr, LBT: tl.constexpr):  # fmt: skip
+    """Token block blk for destination d: each token's place in our send block for d (`local`: its place in
+    its layout block + that block's offset), and the handle's entries of those tokens (`_store_handle`: the
+    programs of column block cb == 0). Returns (tokens int64 [BT], sent [BT], first [BT], local [BT])."""
+    toks = blk * BT + tl.arange(0, BT)
+    tm = toks < t
+    send_off, boff = _send_offsets(bcnt, nb, d, (blk * BT) // LBT, R, RP, NBP)
+    lp = tl.load(lpos + d * t + toks, mask=tm, other=-1)
+    sent = tm & (lp >= 0)
+    local = lp + boff
+    first = (toks * 0 + cb) == 0
+    t64 = toks.to(tl.int64)
+    _store_handle(send_pos + d * t, send_tok, toks, t64, tm, sent, first, local, send_off)
+    return t64, sent, first, local
+
+
+@triton.jit
+def _move_peer(peers32, d, src, at, w, src_rows, dst_rows, rm, cols, R: tl.constexpr):
+    """Peer d's words at + dst_rows[:, None] * w + cols = src[src_rows, cols] (rows under rm, columns < w)."""
+    m = rm[:, None] & (cols < w)[None, :]
+    v = tl.load(src + src_rows[:, None] * w + cols[None, :], mask=m)
+    for dd in tl.static_range(R):
+        _store_peer(peers32, dd, at + dst_rows[:, None] * w + cols[None, :], v, _and(m, d == dd))
+
+
+@triton.jit
+def _meta_words(idx, wts, t64, tm, k, lo_e, per_rank, BK: tl.constexpr):
+    """Top-k ids rewritten to d's local ids (-1 elsewhere) and weights (0 elsewhere) of tokens t64, as
     int32 words: ids [BT, 2 * BK] (low, high word of each int64), weights [BT, BK]."""
     kk = tl.arange(0, BK)
     m = tm[:, None] & (kk < k)[None, :]
-    t64 = toks.to(tl.int64)
-    ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=m, other=-1)
-    w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=m, other=0.0)
-    loc = ids - lo_e
-    mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
+    mine, loc, w = _local_topk(idx, wts, t64, m, kk, k, lo_e, per_rank)
     loc = tl.where(mine, loc, -1)
     w_bits = tl.where(mine, w, 0.0).to(tl.int32, bitcast=True)
     return (loc & 0xFFFFFFFF).to(tl.int32), (loc >> 32).to(tl.int32), w_bits
@@ -322,30 +327,15 @@ def _role_push(q, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send
     blk = (q % per_dest) // ncb
     cb = q % ncb
     d = (rank + 1 + j) % R
-    toks = blk * BT + tl.arange(0, BT)
-    tm = toks < t
-    send_off, boff = _send_offsets(bcnt, nb, d, (blk * BT) // LBT, R, RP, NBP)
-    lp = tl.load(lpos + d * t + toks, mask=tm, other=-1)
-    sent = tm & (lp >= 0)
-    local = lp + boff
+    t64, sent, first, local = _send_block(lpos, bcnt, send_pos, send_tok, d, blk, cb, t, nb, R, RP, NBP, BT, LBT)
     valid = sent & (local < cap)  # rows past W are dropped (E flags the overflow)
-    first = (toks * 0 + cb) == 0
-    t64 = toks.to(tl.int64)
-    tl.store(send_pos + d * t + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
-    tl.store(send_tok + local + send_off, t64, mask=sent & first)
     row = (rank * cap + local).to(tl.int64)  # our region (source `rank`) in d's buffer
     pb = (ep % 2) * par  # this parity's regions (int32 words)
     cols = cb * BW + tl.arange(0, BW)
-    m = valid[:, None] & (cols < w0)[None, :]
-    v = tl.load(x0 + t64[:, None] * w0 + cols[None, :], mask=m)
-    for dd in tl.static_range(R):
-        _store_peer(peers32, dd, ox0 + pb + row[:, None] * w0 + cols[None, :], v, _and(m, d == dd))
+    _move_peer(peers32, d, x0, ox0 + pb, w0, t64, row, valid, cols, R)
     if NX == 2:
-        m1 = valid[:, None] & (cols < w1)[None, :]
-        v1 = tl.load(x1 + t64[:, None] * w1 + cols[None, :], mask=m1)
-        for dd in tl.static_range(R):
-            _store_peer(peers32, dd, ox1 + pb + row[:, None] * w1 + cols[None, :], v1, _and(m1, d == dd))
-    lo_w, hi_w, w_bits = _meta_words(idx, wts, toks, valid & first, k, d * per_rank, per_rank, BK)
+        _move_peer(peers32, d, x1, ox1 + pb, w1, t64, row, valid, cols, R)
+    lo_w, hi_w, w_bits = _meta_words(idx, wts, t64, valid & first, k, d * per_rank, per_rank, BK)
     kk = tl.arange(0, BK)
     mk = (valid & first)[:, None] & (kk < k)[None, :]
     ms = valid & first
@@ -377,34 +367,14 @@ def _role_self(q, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o
     col = _count_col(me64, cnt_at, rw, rank, R, RP)
     qq = tl.arange(0, RP)
     row0 = tl.sum(tl.where(qq < rank, col, 0), axis=0)
-    toks = blk * BT + tl.arange(0, BT)
-    tm = toks < t
-    send_off, boff = _send_offsets(bcnt, nb, rank, (blk * BT) // LBT, R, RP, NBP)
-    lp = tl.load(lpos + rank * t + toks, mask=tm, other=-1)
-    sent = tm & (lp >= 0)
-    local = lp + boff
+    t64, sent, first, local = _send_block(lpos, bcnt, send_pos, send_tok, rank, blk, cb, t, nb, R, RP, NBP, BT, LBT)
     r = (row0 + local).to(tl.int64)
     valid = sent & (r < cap)
-    first = (toks * 0 + cb) == 0
-    t64 = toks.to(tl.int64)
-    tl.store(send_pos + rank * t + toks, tl.where(sent, local + send_off, -1), mask=tm & first)
-    tl.store(send_tok + local + send_off, t64, mask=sent & first)
     cols = cb * BW + tl.arange(0, BW)
-    m = valid[:, None] & (cols < w0)[None, :]
-    tl.store(o0 + r[:, None] * w0 + cols[None, :], tl.load(x0 + t64[:, None] * w0 + cols[None, :], mask=m), mask=m)
+    _move(x0, o0, w0, t64, r, valid, cols)
     if NX == 2:
-        m1 = valid[:, None] & (cols < w1)[None, :]
-        v1 = tl.load(x1 + t64[:, None] * w1 + cols[None, :], mask=m1)
-        tl.store(o1 + r[:, None] * w1 + cols[None, :], v1, mask=m1)
-    kk = tl.arange(0, BK)
-    mk = (valid & first)[:, None] & (kk < k)[None, :]
-    ids = tl.load(idx + t64[:, None] * k + kk[None, :], mask=mk, other=-1)
-    w = tl.load(wts + t64[:, None] * k + kk[None, :], mask=mk, other=0.0)
-    loc = ids - rank * per_rank
-    mine = (ids >= 0) & (loc >= 0) & (loc < per_rank)
-    tl.store(oidx + r[:, None] * k + kk[None, :], tl.where(mine, loc, -1), mask=mk)
-    tl.store(ow + r[:, None] * k + kk[None, :], tl.where(mine, w, 0.0), mask=mk)
-    tl.store(osrc + r, t64, mask=valid & first)
+        _move(x1, o1, w1, t64, r, valid, cols)
+    _store_meta(idx, wts, oidx, ow, osrc, t64, r, valid & first, k, rank * per_rank, per_rank, BK)
 
 
 @triton.jit
@@ -449,13 +419,6 @@ def _role_recv(q, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep
 
 
 @triton.jit
-def _fill(dst, w, rows, rm, cols, value):
-    m = rm[:, None] & (cols < w)[None, :]
-    tl.store(dst + rows[:, None] * w + cols[None, :], (rows[:, None] * 0 + cols[None, :] * 0 + value).to(tl.int32),
-             mask=m)  # fmt: skip
-
-
-@triton.jit
 def _role_pad(q, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep, cnt_at, rw, npad, spin_limit,
               R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr):  # fmt: skip
     """E (padding): rows from the received count to W: ids -1, weights 0, source -1 (int32 words)."""
@@ -476,35 +439,7 @@ def _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, 
                R: tl.constexpr, RP: tl.constexpr, EP: tl.constexpr):  # fmt: skip
     """E (last program): nosync.plan from our count area: M into mat, rows received, error bits, counts."""
     _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
-    area = me64 + cnt_at
-    ss = tl.arange(0, RP)
-    dd = tl.arange(0, RP)
-    sm = ss < R
-    m2 = sm[:, None] & (dd < R)[None, :]
-    m = tl.load(area + ss[:, None] * rw + dd[None, :], mask=m2, other=0, cache_modifier=".cg")
-    tl.store(mat + ss[:, None] * R + dd[None, :], m, mask=m2)
-    recv = tl.sum(m, axis=0)
-    tl.store(mat + R * R, tl.sum(tl.where(dd == rank, recv, 0), axis=0))
-    tail = R + num_experts
-    jj = tl.arange(0, 8)
-    sig = tl.load(area + ss[:, None] * rw + tail + jj[None, :], mask=sm[:, None] & (jj < 5)[None, :], other=0,
-                  cache_modifier=".cg")  # fmt: skip
-    sig0 = tl.sum(tl.where(ss[:, None] == 0, sig, 0), axis=0)
-    err = tl.max(tl.max(tl.where(sm[:, None] & (sig != sig0[None, :]), ERR_SIG, 0), axis=1), axis=0)
-    lo = tl.min(tl.load(area + ss * rw + tail + 5, mask=sm, other=0, cache_modifier=".cg"), axis=0)
-    hi = tl.max(tl.load(area + ss * rw + tail + 6, mask=sm, other=-1, cache_modifier=".cg"), axis=0)
-    err = err | tl.where((lo < -1) | (hi >= num_experts), ERR_IDS, 0)
-    bad = tl.load(area + ss[:, None] * rw + tail + 7 + dd[None, :], mask=m2, other=0, cache_modifier=".cg")
-    err = err | tl.where(tl.max(tl.max(bad, axis=1), axis=0) != 0, ERR_LAYOUT, 0)
-    err = err | tl.where(tl.max(recv, axis=0) > cap, ERR_OVERFLOW, 0)
-    tl.store(mat + R * R + 1, err.to(tl.int64))
-    ee = tl.arange(0, EP)
-    em = ee < per_rank
-    cols = R + rank * per_rank + ee
-    per = tl.load(area + ss[:, None] * rw + cols[None, :], mask=sm[:, None] & em[None, :], other=0,
-                  cache_modifier=".cg")  # fmt: skip
-    c = tl.sum(per, axis=0)
-    tl.store(counts + ee, ((c + align - 1) // align * align).to(tl.int32), mask=em)
+    _plan_area(me64 + cnt_at, rw, mat, counts, rank, per_rank, num_experts, align, cap, R, RP, EP, ".cg")
 
 
 @triton.jit
@@ -608,12 +543,7 @@ def _role_csend(q, peers32, peers64, done, mat, y0, y1, rank, cap, ep, par, oy0,
     j = q // nper
     sub = q % nper
     src = (rank + 1 + j) % R
-    qq = tl.arange(0, RP)
-    row = tl.load(mat + src * R + qq, mask=qq < R, other=0)
-    col = tl.load(mat + qq * R + rank, mask=qq < R, other=0)
-    send_off = tl.sum(tl.where(qq < rank, row, 0), axis=0)
-    recv_off = tl.sum(tl.where(qq < src, col, 0), axis=0)
-    n = tl.sum(tl.where(qq == rank, row, 0), axis=0)
+    send_off, recv_off, n = _offsets(mat, src, rank, R, RP)
     pb = (ep % 2) * par  # this parity's regions (int32 words)
     base = send_off
     for rb in range(sub, ((n + BT - 1) // BT).to(tl.int32), nper):
@@ -621,16 +551,9 @@ def _role_csend(q, peers32, peers64, done, mat, y0, y1, rank, cap, ep, par, oy0,
         rm = (i < n) & (recv_off + i < cap)
         for cb in range(0, ncb):
             cols = cb * BW + tl.arange(0, BW)
-            m = rm[:, None] & (cols < w0)[None, :]
-            v = tl.load(y0 + (recv_off + i)[:, None] * w0 + cols[None, :], mask=m)
-            for dd in tl.static_range(R):
-                _store_peer(peers32, dd, oy0 + pb + (base + i)[:, None] * w0 + cols[None, :], v, _and(m, src == dd))
+            _move_peer(peers32, src, y0, oy0 + pb, w0, recv_off + i, base + i, rm, cols, R)
             if NX == 2:
-                m1 = rm[:, None] & (cols < w1)[None, :]
-                v1 = tl.load(y1 + (recv_off + i)[:, None] * w1 + cols[None, :], mask=m1)
-                at1 = oy1 + pb + (base + i)[:, None] * w1 + cols[None, :]
-                for dd in tl.static_range(R):
-                    _store_peer(peers32, dd, at1, v1, _and(m1, src == dd))
+                _move_peer(peers32, src, y1, oy1 + pb, w1, recv_off + i, base + i, rm, cols, R)
         tl.debug_barrier()  # the block's row stores precede its tags' release
         cbs = tl.arange(0, NCBP)
         tm = rm[:, None] & (cbs < ncb)[None, :]
@@ -647,12 +570,9 @@ def _role_reduce(q, me64, ctr, pos, mat, back, y, out, rank, t, width, ep, par, 
     """R: one (token block, column block) of a field: out[t] = sum over ranks d ascending of row(pos[d, t])
     in fp32, waiting for the arrival tags of d's rows just before reading them (ours are in y), one rounding.
     ncb_s: column blocks of the send (tags per row)."""
-    qq = tl.arange(0, RP)
-    row = tl.load(mat + rank * R + qq, mask=qq < R, other=0)
-    col = tl.load(mat + qq * R + rank, mask=qq < R, other=0)
-    self_lo = tl.sum(tl.where(qq < rank, row, 0), axis=0)
-    self_hi = self_lo + tl.sum(tl.where(qq == rank, row, 0), axis=0)
-    shift = tl.sum(tl.where(qq < rank, col, 0), axis=0) - self_lo
+    self_lo, recv_lo, n_self = _offsets(mat, rank, rank, R, RP)
+    self_hi = self_lo + n_self
+    shift = recv_lo - self_lo
     base = off_e + (ep % 2) * par_e
     toks = (q // ncb) * BT + tl.arange(0, BT)
     cols = (q % ncb) * BW + tl.arange(0, BW)
