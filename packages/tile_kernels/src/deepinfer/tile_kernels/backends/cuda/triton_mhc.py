@@ -58,6 +58,79 @@ DEFAULT_IMPL = "split"
 
 
 @triton.jit
+def _mix_partials(
+    x_ptr,
+    fn_ptr,
+    part_ptr,
+    sq_ptr,
+    T,
+    pid_t,
+    pid_s,
+    stride_xt,
+    stride_xh,
+    stride_xd,
+    stride_fn_r,
+    stride_fn_c,
+    k_per_split,
+    HC: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HEAD: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    """Split pid_s of token block pid_t: part[pid_s, tokens] = x_flat @ fn_slots^T, sq = sum(x^2), the body of
+    `_mhc_mix_kernel` (padded slots: module docstring) and of the one-launch variants' mix step; the x loads carry
+    the eviction hint EVICT, "" for none (Triton's default, what the two-launch kernel uses)."""
+    NP: tl.constexpr = 2 * HC * HC
+    K: tl.constexpr = HC * D
+    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < T
+    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
+    p = tl.arange(0, NP)
+    if HEAD:
+        fn_row = tl.where(p < HC, p, -1)
+    else:
+        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
+    fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r
+    fn_rmask = fn_row >= 0
+    kk = tl.arange(0, BLOCK_K)
+    k_lo = pid_s * k_per_split
+    acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        k = k_lo + k0 + kk
+        kmask = k < K
+        xr = tl.load(
+            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
+            mask=tmask[:, None] & kmask[None, :],
+            other=0.0,
+            eviction_policy=EVICT,
+        )
+        fv = tl.load(
+            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
+            mask=fn_rmask[None, :] & kmask[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        xv = xr.to(tl.float32)
+        sq += xv * xv
+        if PRECISION == "bf16x3":  # x is bf16: fn = f1 + f2 + f3 in bf16, each product exact in fp32
+            f1 = fv.to(tl.bfloat16)
+            r1 = fv - f1.to(tl.float32)
+            f2 = r1.to(tl.bfloat16)
+            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(xr, f3, acc)
+            acc = tl.dot(xr, f2, acc)
+            acc = tl.dot(xr, f1, acc)
+        else:
+            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
+    row = pid_s * T + tok.to(tl.int64)
+    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
+    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
+
+
+@triton.jit
 def _mhc_mix_kernel(
     x_ptr,
     fn_ptr,
@@ -78,55 +151,10 @@ def _mhc_mix_kernel(
     HEAD: tl.constexpr,
 ):
     """x [T, HC, D] (strided), fn [(2+HC)*HC, HC*D] (HEAD: [HC, HC*D]) -> part [S, T, 2*HC*HC], sq [S, T] fp32."""
-    NP: tl.constexpr = 2 * HC * HC
-    K: tl.constexpr = HC * D
-    pid_t = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
-    tmask = tok < T
-    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
-
-    p = tl.arange(0, NP)  # padded slot -> fn row, -1 for a zero slot
-    if HEAD:  # the head's hc rows go to the pre-gate slots
-        fn_row = tl.where(p < HC, p, -1)
-    else:
-        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
-    fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r  # [NP]
-    fn_rmask = fn_row >= 0
-
-    kk = tl.arange(0, BLOCK_K)
-    k_lo = pid_s * k_per_split
-    acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, k_per_split, BLOCK_K):
-        k = k_lo + k0 + kk  # [BK] flattened column: stream k // D, position k % D
-        kmask = k < K
-        xr = tl.load(
-            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
-            mask=tmask[:, None] & kmask[None, :],
-            other=0.0,
-        )  # [BT, BK] x dtype
-        fv = tl.load(
-            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
-            mask=fn_rmask[None, :] & kmask[:, None],
-            other=0.0,
-        ).to(tl.float32)  # [BK, NP]
-        xv = xr.to(tl.float32)
-        sq += xv * xv
-        if PRECISION == "bf16x3":  # x is bf16: fn = f1 + f2 + f3 in bf16, each product exact in fp32
-            f1 = fv.to(tl.bfloat16)
-            r1 = fv - f1.to(tl.float32)
-            f2 = r1.to(tl.bfloat16)
-            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(xr, f3, acc)
-            acc = tl.dot(xr, f2, acc)
-            acc = tl.dot(xr, f1, acc)
-        else:
-            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
-
-    row = pid_s * T + tok.to(tl.int64)  # [BT] row of part / sq
-    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
-    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
+    _mix_partials(
+        x_ptr, fn_ptr, part_ptr, sq_ptr, T, tl.program_id(0), tl.program_id(1), stride_xt, stride_xh, stride_xd,
+        stride_fn_r, stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
+    )  # fmt: skip
 
 
 @triton.jit

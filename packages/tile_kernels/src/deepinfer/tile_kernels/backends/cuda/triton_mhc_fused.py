@@ -32,13 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_mhc import MIX_BLOCK_K, _check_x
+from .triton_mhc import MIX_BLOCK_K, _check_x, _mix_partials
 from .triton_mhc_onelaunch import (
     SPIN_LIMIT,
     _block_gates,
     _block_splits,
     _dot_precision,
-    _mix_partials,
     _scratch,
     _wait_arrivals,
 )

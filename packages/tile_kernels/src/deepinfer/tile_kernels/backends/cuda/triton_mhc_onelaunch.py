@@ -1,11 +1,11 @@
 """Pieces shared by the one-launch mHC pre / head kernels (`triton_mhc_fused.py`, `triton_mhc_twopass.py`).
 
 Both kernels do in one launch what `triton_mhc.py`'s default ("split") does in two: fp32 mix partials of a token
-block over S slices of hc*d (`_mix_partials`), an arrival counter per block, then the gates of the block from its
-summed partials (`_block_gates`) and the x_in stream sum. The stream-sum loops differ (the twopass one prefetches
-and carries eviction hints) and stay in their modules; `triton_mhc.py`'s kernels are left as they are (the
-GPU-measured default). Inlined into each kernel by Triton, so the kernels run the same operations, in the same
-order, as when each module carried its own copy.
+block over S slices of hc*d (`triton_mhc._mix_partials`, the default mix kernel's own body), an arrival counter per
+block, then the gates of the block from its summed partials (`_block_gates`) and the x_in stream sum. The
+stream-sum loops differ (the twopass one prefetches and carries eviction hints) and stay in their modules. Inlined
+into each kernel by Triton, so the kernels run the same operations, in the same order, as when each module carried
+its own copy (the default mix kernel's Triton 3.6 PTX is unchanged but for debug labels).
 """
 
 from __future__ import annotations
@@ -17,79 +17,6 @@ import triton.language as tl
 from .triton_mhc import DOT_PRECISION, _split, _target_programs
 
 SPIN_LIMIT = 1 << 22  # polls before a finish program gives up (seconds; only a broken dispatch order gets there)
-
-
-@triton.jit
-def _mix_partials(
-    x_ptr,
-    fn_ptr,
-    part_ptr,
-    sq_ptr,
-    T,
-    pid_t,
-    pid_s,
-    stride_xt,
-    stride_xh,
-    stride_xd,
-    stride_fn_r,
-    stride_fn_c,
-    k_per_split,
-    HC: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-    HEAD: tl.constexpr,
-    EVICT: tl.constexpr,
-):
-    """Split pid_s of token block pid_t: part[pid_s, tokens] = x_flat @ fn_slots^T, sq = sum(x^2) (the padded
-    slots of `triton_mhc.py`'s mix kernel, whose docstring explains them; the x loads carry the eviction hint
-    EVICT, "" for none, Triton's default)."""
-    NP: tl.constexpr = 2 * HC * HC
-    K: tl.constexpr = HC * D
-    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = tok < T
-    x_tok = x_ptr + tok.to(tl.int64) * stride_xt
-    p = tl.arange(0, NP)
-    if HEAD:
-        fn_row = tl.where(p < HC, p, -1)
-    else:
-        fn_row = tl.where(p < 2 * HC, p, tl.where(p >= HC * HC, p - HC * HC + 2 * HC, -1))
-    fn_rows_ptr = fn_ptr + tl.maximum(fn_row, 0).to(tl.int64) * stride_fn_r
-    fn_rmask = fn_row >= 0
-    kk = tl.arange(0, BLOCK_K)
-    k_lo = pid_s * k_per_split
-    acc = tl.zeros([BLOCK_T, NP], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, k_per_split, BLOCK_K):
-        k = k_lo + k0 + kk
-        kmask = k < K
-        xr = tl.load(
-            x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
-            mask=tmask[:, None] & kmask[None, :],
-            other=0.0,
-            eviction_policy=EVICT,
-        )
-        fv = tl.load(
-            fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
-            mask=fn_rmask[None, :] & kmask[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        xv = xr.to(tl.float32)
-        sq += xv * xv
-        if PRECISION == "bf16x3":  # x is bf16: fn = f1 + f2 + f3 in bf16, each product exact in fp32
-            f1 = fv.to(tl.bfloat16)
-            r1 = fv - f1.to(tl.float32)
-            f2 = r1.to(tl.bfloat16)
-            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(xr, f3, acc)
-            acc = tl.dot(xr, f2, acc)
-            acc = tl.dot(xr, f1, acc)
-        else:
-            acc = tl.dot(xv, fv, acc, input_precision=PRECISION)
-    row = pid_s * T + tok.to(tl.int64)
-    tl.store(part_ptr + row[:, None] * NP + p[None, :], acc, mask=tmask[:, None])
-    tl.store(sq_ptr + row, tl.sum(sq, axis=1), mask=tmask)
 
 
 @triton.jit
