@@ -11,7 +11,8 @@
 #   engine                         benchmarks/bench_engine_v4flash.py -> engine.json / engine.log
 #   profile                        benchmarks/profile_engine_decode.py (batch 32) -> profile.json / profile.log
 #   bench:<pkg>                    packages/<pkg>/benchmarks/bench_<pkg>.py -> bench-<pkg>.json / .log
-#   script:<name>:<path>           another benchmark script, run with --out <name>.json -> <name>.json / .log
+#   script:<name>:<path>[:<args>]  another benchmark script (or bench_<pkg>.py with arguments, "+"-separated in
+#                                  <args>), run with --out <name>.json -> <name>.json / .log
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 WORK=${WORK:-build/gpu-quick}
@@ -35,7 +36,13 @@ echo "== installed in $(($(date +%s) - TI)) s; compiled: $(python3 -c 'import im
 print([p for p in ("tile_kernels","deep_select","flash_mla","deep_gemm","deep_ep")
        if i.import_module(f"deepinfer.{p}._build_info").COMPILED_BACKENDS])' 2>&1 | tail -1)"
 
-part() {  # part <spec>: run one part, print a short summary
+part() {  # part <spec>: run one part, print a short summary (with its wall seconds)
+  local t0=$(date +%s)
+  _part "$@"
+  echo "   ($1: $(($(date +%s) - t0)) s)"
+}
+
+_part() {
   local spec=$1 kind rest name paths pkg
   kind=${spec%%:*}
   rest=${spec#*:}
@@ -62,9 +69,12 @@ part() {  # part <spec>: run one part, print a short summary
         >"$WORK/bench-$pkg.log" 2>&1
       echo "== bench $pkg rc=$?"
       tail -2 "$WORK/bench-$pkg.log" | cut -c1-200 ;;
-    script)  # script:<name>:<path>: a benchmark script other than bench_<pkg>.py, run with --out <name>.json
+    script)  # script:<name>:<path>[:<args>]: a benchmark script run with --out <name>.json (args: "+" -> " ")
       name=${rest%%:*}
-      timeout 300 python3 "${rest#*:}" --out "$WORK/$name.json" >"$WORK/$name.log" 2>&1
+      rest=${rest#*:}
+      local path=${rest%%:*} args=""
+      [[ "$rest" == *:* ]] && args=${rest#*:}
+      timeout 300 python3 "$path" ${args//+/ } --out "$WORK/$name.json" >"$WORK/$name.log" 2>&1
       echo "== script $name rc=$?"
       tail -2 "$WORK/$name.log" | cut -c1-200 ;;
     *) echo "== unknown part $spec" ;;

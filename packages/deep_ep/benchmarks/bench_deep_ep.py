@@ -17,8 +17,10 @@ timed in the same run. `matches_reference` says whether the fast path's outputs 
 reference's on these inputs. Impls: `fast-triton` (the default, synced: one host read of the counts),
 `fast-nosync` (`num_worst_tokens` = t * R: no host sync, counts on the GPU; eager calls) and
 `fast-nosync-graph` (the same calls replayed from a CUDA graph: GPU time only), `fast-overlap` /
-`fast-overlap-graph` (the overlapped variant, `overlap=True`, prepared in session 4), `fast-torch` (fallback
-movers), `nccl-reference`, `nccl-a2a-only`. `--cases` runs a subset (e.g. `--cases nosync,reference,overlap`).
+`fast-overlap-graph` (the overlapped variant, `overlap=True`: the no-sync default since session 5),
+`fast-overlap2` / `fast-overlap2-graph` (the same with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed: the dispatch
+launch's programs reordered, session 5; run last), `fast-torch` (fallback movers), `nccl-reference`,
+`nccl-a2a-only`. `--cases` runs a subset (e.g. `--cases nosync,reference,overlap,overlap2`).
 The JSON (rank 0) is written after every case, so a partial run leaves a file; each rank exits after
 DEADLINE_S (170 s).
 Low-latency mode at 1 / 32 / 128 tokens per rank: dispatch bf16 / FP8, combine, and dispatch (FP8) +
@@ -64,7 +66,7 @@ DEADLINE_S = 170.0  # a rank still running then exits (a hung collective must no
 FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
-CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch")  # run order; --cases picks some
+CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2")  # run order; --cases picks some
 CASES_ENV = "DEEPINFER_EP_BENCH_CASES"  # how --cases reaches the rank processes
 
 
@@ -301,7 +303,9 @@ def bench_nosync(run: Run) -> None:
     matches = None if run.smoke else _compare("fast-nosync", lambda: _matches_worst(run, buf, worst))
     used = f"{type(buf._fast).__name__}/{buf._fast.impl}/nosync" if buf._fast else "reference (fast path unavailable)"
     kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
-    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst}
+    # overlap=False: the session-4 no-sync kernels (the overlapped default is `bench_overlap`)
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
+            "overlap": False}  # fmt: skip
     h, meta = c["hidden"], _meta_bytes(run)
     recv_x, _, _, _, handle = buf.dispatch(run.x, **args)
     ops = {
@@ -322,16 +326,28 @@ def bench_nosync(run: Run) -> None:
     buf.destroy()
 
 
-def bench_overlap(run: Run) -> None:
-    """The overlapped no-sync variant, dispatch(num_worst_tokens=t * R, overlap=True) and its combine: rows
-    `fast-overlap` (eager) and `fast-overlap-graph` (CUDA-graph replays) to set beside fast-nosync(-graph), and
-    its GPU stages (dispatch: layout, overlap; combine: overlap). Cached dispatch is the no-sync one (not timed)."""
+def bench_overlap(run: Run, order: str = "serial") -> None:
+    """The overlapped no-sync variant (the no-sync default since session 5), dispatch(num_worst_tokens=t * R,
+    overlap=True) and its combine: rows `fast-overlap` (eager) and `fast-overlap-graph` (CUDA-graph replays) to
+    set beside fast-nosync(-graph), and its GPU stages (dispatch: layout, overlap; combine: overlap). Cached
+    dispatch is the no-sync one (not timed). order "mixed" (DEEPINFER_DEEP_EP_OVERLAP_ORDER, the dispatch
+    launch's program order): rows `fast-overlap2`, `fast-overlap2-graph` (combine is the same kernel)."""
+    from deepinfer.deep_ep import _overlap
+
     os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    os.environ[_overlap.ORDER_ENV] = order
+    try:
+        _bench_overlap(run, "fast-overlap" if order == "serial" else "fast-overlap2")
+    finally:
+        os.environ.pop(_overlap.ORDER_ENV, None)
+
+
+def _bench_overlap(run: Run, impl: str) -> None:
     c = run.cfg
     worst = c["tokens"] * run.world
     buf = Buffer(run.group)
     t0 = time.time()
-    matches = None if run.smoke else _compare("fast-overlap", lambda: _matches_worst(run, buf, worst, overlap=True))
+    matches = None if run.smoke else _compare(impl, lambda: _matches_worst(run, buf, worst, overlap=True))
     args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
             "overlap": True}  # fmt: skip
     h, meta = c["hidden"], _meta_bytes(run)
@@ -339,9 +355,10 @@ def bench_overlap(run: Run) -> None:
     used = "reference (fast path unavailable)"
     if buf._fast:
         used = f"{type(buf._fast).__name__}/{buf._fast.impl}/" + ("overlap" if handle.overlap else "nosync")
+        used += "/mixed" if handle.overlap and impl == "fast-overlap2" else ""
     kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
     if run.rank == 0:
-        log(f"fast-overlap: compiled + checked in {time.time() - t0:.1f} s ({used})")
+        log(f"{impl}: compiled + checked in {time.time() - t0:.1f} s ({used})")
     ops = {
         "dispatch bf16": (lambda: buf.dispatch(run.x, **args), run.cross_bytes(2 * h + meta)),
         "dispatch fp8": (lambda: buf.dispatch(run.x8, **args), run.cross_bytes(h + h // 32 + meta)),
@@ -350,15 +367,15 @@ def bench_overlap(run: Run) -> None:
     for op, (fn, nbytes) in ops.items():
         if run.smoke and op == "dispatch fp8":  # the interpreter is slow
             continue
-        run.record(op, "fast-overlap", nbytes, fn, **kw)
+        run.record(op, impl, nbytes, fn, **kw)
     if handle.overlap and not run.smoke:  # the interpreter has no graphs
         for op, (fn, nbytes) in ops.items():
-            run.record(op, "fast-overlap-graph", nbytes, fn, timer_mode="graph", **kw)
+            run.record(op, f"{impl}-graph", nbytes, fn, timer_mode="graph", **kw)
         for op in ("dispatch bf16", "combine bf16"):
-            bench_stages(run, ops[op][0], op, "fast-overlap", **kw)
+            bench_stages(run, ops[op][0], op, impl, **kw)
         if buf._fast._overlap_state.timed_out():  # garbage rows: say so in the JSON
-            log("fast-overlap: a wait gave up (timeout flag set)")
-            run.records.append({"op": "overlap waits", "impl": "fast-overlap", "error": "a wait timed out"})
+            log(f"{impl}: a wait gave up (timeout flag set)")
+            run.records.append({"op": "overlap waits", "impl": impl, "error": "a wait timed out"})
             run.save()
     buf.destroy()
 
@@ -588,9 +605,11 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
     if "reference" in cases:
         bench_reference(run)
     if "overlap" in cases:
-        bench_overlap(run)  # the variant prepared in session 4 (not GPU-run yet)
+        bench_overlap(run)  # the no-sync default since session 5
     if "torch" in cases:
-        bench_fast(run, "torch")  # the fallback movers last: the first thing to lose to the deadline
+        bench_fast(run, "torch")  # the fallback movers: among the first things to lose to the deadline
+    if "overlap2" in cases:  # last: not GPU-run yet, so a hang (the deadline exits) loses no other row
+        bench_overlap(run, "mixed")  # the overlapped dispatch with the "mixed" launch order (session 5)
     run.save()
     if run.rank == 0 and out:
         log(f"wrote {out}")

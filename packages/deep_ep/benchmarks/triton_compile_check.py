@@ -179,8 +179,10 @@ def _overlap_cases(results: list[tuple[str, bool]]) -> None:
             meta = (torch.zeros(cap, k, dtype=torch.int64), torch.zeros(cap, k), torch.zeros(cap, 1, dtype=torch.int64))
             handle = (torch.zeros(r, t, dtype=torch.int64), torch.zeros(r * t, dtype=torch.int64))
             mat, counts = torch.zeros(r * r + 2, dtype=torch.int64), torch.zeros(e // r, dtype=torch.int32)
-            _attempt(results, f"overlap dispatch {tag}", ov.dispatch, bufs, 1, ctr, done, lay, cap, lpos, scratch, xs,
-                     idx, w, handle, outs, meta, mat, counts, e, 3, [1, 4096, 0, k, cap], 1 << 27)  # fmt: skip
+            for order in ov.ORDERS:
+                _attempt(results, f"overlap dispatch {tag} order={order}", ov.dispatch, bufs, 1, ctr, done, lay, cap,
+                         lpos, scratch, xs, idx, w, handle, outs, meta, mat, counts, e, 3, [1, 4096, 0, k, cap],
+                         1 << 27, order)  # fmt: skip
         for weights in (False, True):
             fields = [torch.zeros(cap, 4096, dtype=torch.bfloat16)] + ([torch.zeros(cap, k)] if weights else [])
             crb = [f.shape[1] * f.element_size() for f in fields]

@@ -17,7 +17,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from deepinfer.deep_ep import Buffer
+from deepinfer.deep_ep import Buffer, _overlap
 from deepinfer.deep_ep import reference as ref
 from deepinfer.deep_ep._comm import Comm
 from deepinfer.deep_ep.intranode import IntranodeNormal
@@ -144,12 +144,14 @@ def _rows_equal(got: object, want: object, n: int) -> bool:
 
 
 def check_worst_vs_reference(
-    buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int], overlap: bool = False
+    buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int], overlap: bool | None = False
 ) -> None:
     """dispatch(num_worst_tokens=W) (no host sync on the Triton fast path, padded synced path elsewhere):
     the first received rows equal the reference's bit for bit, the padding is -1 / 0, counts come back as a
     tensor; cached dispatch and combine (+ weights) through the W-row handle; then a W too small is flagged.
-    overlap: the overlapped variant (`_overlap.py`) on the rows of whole words (bf16, FP8 + fp32 scales)."""
+    overlap: True the overlapped variant (`_overlap.py`) on the rows of whole words (bf16, FP8 + fp32 scales),
+    False the session-4 no-sync kernels, None the default (the variant unless DEEPINFER_DEEP_EP_OVERLAP=0)."""
+    expect = _overlap.enabled(overlap)
     rank, world, dev = buf.rank, buf.group_size, buf_device(buf)
     comm = Comm(buf.group)
     xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
@@ -163,7 +165,7 @@ def check_worst_vs_reference(
         parts = payload if isinstance(payload, tuple) else (payload,)
         whole = all(math.prod(p.shape[1:]) * p.element_size() % 4 == 0 for p in parts)  # rows of int32 words
         on_fast = isinstance(buf._fast, IntranodeNormal) and buf._fast.impl == "triton"
-        assert got[4].overlap == (overlap and whole and on_fast), f"rank {rank}: overlap ran {got[4].overlap}"
+        assert got[4].overlap == (expect and whole and on_fast), f"rank {rank}: overlap ran {got[4].overlap}"
         n = want[1].shape[0]
         assert _rows_equal(got[0], want[0], n), f"rank {rank}: recv_x differs from the reference"
         assert got[1].shape == (worst, k) and same_bits(got[1][:n], want[1]), f"rank {rank}: recv_topk_idx"

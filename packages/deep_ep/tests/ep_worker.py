@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from ep_cases import make_world
 from ep_fast import (
+    buf_device,
     check_bad_input_raises_everywhere,
     check_fast_vs_reference,
     check_worst_vs_reference,
@@ -111,12 +112,12 @@ def run_ll_cuda(group: dist.ProcessGroup, seed: int) -> None:
 
 
 def run_overlap(group: dist.ProcessGroup, seed: int) -> None:
-    """The overlapped no-sync variant (`overlap=True`) against the reference on CPU (shared memory, Triton
-    interpreter): uneven ranks incl. an empty one; then a larger case (the variant's buffers grow; hidden 512:
-    the e8m0 scale rows are whole words, so every payload takes the variant)."""
+    """The overlapped no-sync variant against the reference on CPU (shared memory, Triton interpreter): as the
+    default (overlap not passed), uneven ranks incl. an empty one; then `overlap=True` on a larger case (the
+    variant's buffers grow; hidden 512: the e8m0 scale rows are whole words, so every payload takes it)."""
     buf = Buffer(group)
     world = dist.get_world_size(group)
-    check_worst_vs_reference(buf, seed, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=True)
+    check_worst_vs_reference(buf, seed, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=None)  # the default
     check_worst_vs_reference(buf, seed + 1, 512, 8 * world, 4, [20, 33, 1, 0][:world], overlap=True)
     assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
     buf.destroy()
@@ -135,6 +136,27 @@ def run_overlap_cuda(group: dist.ProcessGroup, seed: int) -> None:
     buf.destroy()
 
 
+def run_overlap_mixed(group: dist.ProcessGroup, seed: int) -> None:
+    """The overlapped variant with the "mixed" dispatch launch order (DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed, set
+    by the test) against the reference: on CPU one case (the interpreter runs the interleave, copy-out last),
+    on GPUs (early copy-out programs too) V4-Flash shapes, uneven ranks incl. an empty one, and CUDA-graph
+    replays == eager."""
+    assert os.environ.get("DEEPINFER_DEEP_EP_OVERLAP_ORDER") == "mixed", "the test sets the order"
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "nccl":
+        os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    buf = Buffer(group)
+    if buf_device(buf).type == "cpu":
+        check_worst_vs_reference(buf, seed, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=True)
+    else:
+        counts = [4096, 0, 1000, 77, 5, 9, 2048, 1][:world]
+        check_worst_vs_reference(buf, seed, 4096, 256, 6, counts, overlap=True)
+        check_worst_vs_reference(buf, seed + 1, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world], overlap=True)
+        worst_graph_equals_eager(buf, seed + 2, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world], overlap=True)
+    assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
+    buf.destroy()
+
+
 # name -> (scenario, torch.distributed backend)
 SCENARIOS = {
     "all": (run_all, "gloo"),
@@ -144,6 +166,8 @@ SCENARIOS = {
     "llcuda": (run_ll_cuda, "nccl"),
     "overlap": (run_overlap, "gloo"),
     "overlapcuda": (run_overlap_cuda, "nccl"),
+    "overlapmixed": (run_overlap_mixed, "gloo"),
+    "overlapmixedcuda": (run_overlap_mixed, "nccl"),
 }
 
 

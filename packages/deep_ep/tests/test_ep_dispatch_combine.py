@@ -37,3 +37,11 @@ def test_overlap_variant_gloo_shm_3_and_2_ranks() -> None:
     Triton interpreter, the waits across processes; bit-exact with the reference, padding, counts, W too small."""
     env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
     launch(3, seed=81, timeout_s=150.0, env=env, scenario="overlap")
+
+
+def test_overlap_mixed_order_gloo_shm_3_ranks() -> None:
+    """The overlapped variant with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed (pushes and own-block copies
+    interleaved; in the interpreter the copy-out programs stay last) on 3 processes, then 2: bit-exact."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    env["DEEPINFER_DEEP_EP_OVERLAP_ORDER"] = "mixed"
+    launch(3, seed=87, timeout_s=150.0, env=env, scenario="overlapmixed")

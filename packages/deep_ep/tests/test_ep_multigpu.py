@@ -33,6 +33,15 @@ def test_low_latency_fast_path_two_gpus() -> None:
 @pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_overlap_variant_two_gpus() -> None:
-    """dispatch(num_worst_tokens=W, overlap=True) + its combine (prepared in session 4, not GPU-run yet) vs the
+    """dispatch(num_worst_tokens=W, overlap=True) + its combine (the no-sync default since session 5) vs the
     NCCL reference at V4-Flash shapes (uneven ranks incl. an empty one), then CUDA-graph replays == eager."""
     launch(2, seed=91, timeout_s=420.0, env=NO_MULTICAST, scenario="overlapcuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_overlap_mixed_order_two_gpus() -> None:
+    """The same checks with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed (session 5, not GPU-run yet: copy-out programs
+    launched first, pushes and own-block copies interleaved): bit-exact vs NCCL, graph replays == eager."""
+    env = {**NO_MULTICAST, "DEEPINFER_DEEP_EP_OVERLAP_ORDER": "mixed"}
+    launch(2, seed=93, timeout_s=300.0, env=env, scenario="overlapmixedcuda")

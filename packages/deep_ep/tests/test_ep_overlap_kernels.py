@@ -1,5 +1,6 @@
 """The overlapped variant's multi-program layout scan (`backends/triton/overlap.layout`) against the fused
-one-program scan and the reference layout, on R ranks' worth of token counts; and its buffer layouts.
+one-program scan and the reference layout, on R ranks' worth of token counts; its buffer layouts; the launch
+orders of the dispatch kernel (`_role_pid`); the default and the order from the environment.
 
 (The dispatch / combine kernels wait for their peers, so they are tested across processes: the CPU test in
 test_ep_dispatch_combine.py over shared memory, the 2-GPU test in test_ep_multigpu.py.)
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from deepinfer.deep_ep import _overlap
 from deepinfer.deep_ep._overlap import HEAD_BYTES, CombineLayout, DispatchLayout, tag_bytes
 from deepinfer.deep_ep.backends.triton import overlap as ov
 from deepinfer.deep_ep.backends.triton.fused import layout_row, row_width
+from deepinfer.deep_ep.backends.triton.overlap import _role_pid
 from deepinfer.deep_ep.reference import layout_nocheck
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -83,3 +88,63 @@ def test_buffer_layouts_are_disjoint_and_aligned(world: int) -> None:
     c = CombineLayout.of(world, cap, crb, tag_bytes(world, cap, crb))
     assert 8 * c.tags == HEAD_BYTES and 8 * (c.tags + 2 * c.tpar) <= 4 * c.y0
     assert 4 * c.y0 + world * cap * 8192 <= 4 * c.y1 and 4 * (c.y1 + c.par) + world * cap * 4 * k <= c.nbytes
+
+
+@triton.jit
+def _role_pid_probe(out, n_push, n_self, n_early, mix, R: tl.constexpr):
+    pid = tl.program_id(0)
+    tl.store(out + pid, _role_pid(pid, n_push, n_self, n_early, mix, R))
+
+
+def _role_of(v: int, n_push: int, n_self: int, n_recv: int) -> str:
+    """The role program v of the serial order plays (A, B, C, D, E)."""
+    bounds = [(1, "A"), (1 + n_push, "B"), (1 + n_push + n_self, "C"), (1 + n_push + n_self + n_recv, "D")]
+    return next((name for end, name in bounds if v < end), "E")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("world", "nbt", "ncb", "nper", "npad"), [(2, 5, 2, 3, 4), (3, 4, 1, 2, 1), (8, 2, 3, 1, 2)])
+@pytest.mark.parametrize(("early", "mix"), [(False, False), (False, True), (True, True), (True, False)])
+def test_role_pid_is_a_permutation_in_the_promised_order(
+    device: str, world: int, nbt: int, ncb: int, nper: int, npad: int, early: bool, mix: bool
+) -> None:
+    """`_role_pid` maps the launch order onto the serial roles one to one; serial (no early copy-out, no mix)
+    is the identity; mixed interleaves per token block R - 1 pushes (peers in order) and then the block's own
+    copy; the early copy-out programs come right after A; every role that waits (C on lower ranks' counts, D,
+    E) comes after A, and without early D every D after every push and own-block program (the interpreter)."""
+    n_push, n_self, n_recv = (world - 1) * nbt * ncb, nbt * ncb, (world - 1) * nper
+    grid = 1 + n_push + n_self + n_recv + npad + 1
+    n_early = n_recv if early else 0
+    out = torch.full((grid,), -1, dtype=torch.int32, device=device)
+    _role_pid_probe[(grid,)](out, n_push, n_self, n_early, int(mix), R=world)
+    got = out.tolist()
+    assert sorted(got) == list(range(grid)), f"not a permutation: {got}"
+    roles = [_role_of(v, n_push, n_self, n_recv) for v in got]
+    if not early and not mix:
+        assert got == list(range(grid))
+    assert roles[0] == "A" and roles[-1 - npad :] == ["E"] * (npad + 1)
+    assert roles[1 : 1 + n_early] == ["D"] * n_early
+    mid = got[1 + n_early : 1 + n_early + n_push + n_self]
+    if mix:  # per token block g: push to peer 0..R-2 (serial ids 1 + p * n_self + g), then own copy (1 + n_push + g)
+        want = [1 + p * n_self + g if p < world - 1 else 1 + n_push + g for g in range(n_self) for p in range(world)]
+        assert mid == want
+    else:
+        assert mid == list(range(1, 1 + n_push + n_self))
+
+
+def test_overlap_default_and_order_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlapped variant is the no-sync default (DEEPINFER_DEEP_EP_OVERLAP=0 or overlap=False turn it off);
+    DEEPINFER_DEEP_EP_OVERLAP_ORDER picks the launch order, a bad value raises naming the variable."""
+    monkeypatch.delenv(_overlap.ENV, raising=False)
+    monkeypatch.delenv(_overlap.ORDER_ENV, raising=False)
+    assert _overlap.enabled(None) and _overlap.enabled(True) and not _overlap.enabled(False)
+    assert _overlap.order() == "serial"
+    monkeypatch.setenv(_overlap.ENV, "0")
+    assert not _overlap.enabled(None) and _overlap.enabled(True)
+    monkeypatch.setenv(_overlap.ENV, "1")
+    assert _overlap.enabled(None) and not _overlap.enabled(False)
+    monkeypatch.setenv(_overlap.ORDER_ENV, "mixed")
+    assert _overlap.order() == "mixed"
+    monkeypatch.setenv(_overlap.ORDER_ENV, "fast")
+    with pytest.raises(ValueError, match=_overlap.ORDER_ENV):
+        _overlap.order()

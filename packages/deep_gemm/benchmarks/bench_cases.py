@@ -15,8 +15,18 @@ import torch
 
 from deepinfer import deep_gemm as dg
 from deepinfer.deep_gemm import api_w4a8 as dg_w4a8
-from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8_SWEEP, W4A8Config, default_w4a8_config
-from deepinfer.deep_gemm.backends.cuda.w4a16_configs import CUDA_SWEEP, MID, SWEEP, W4A16Config, default_config
+from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8Config, default_w4a8_config
+from deepinfer.deep_gemm.backends.cuda.w4a16_configs import (
+    DECODE,
+    MID,
+    PREFILL,
+    PREFILL_256,
+    V3_DECODE,
+    W4A16Config,
+    cuda_config,
+    default_config,
+    parse_config,
+)
 
 FP8 = torch.float8_e4m3fn
 
@@ -208,6 +218,21 @@ def _fp8_grouped_call(a8: torch.Tensor, w: torch.Tensor, sfb: torch.Tensor, per_
     return lambda: fg.m_grouped_fp8_contiguous_triton(a8, sfa, w, sfb, out, ids, expected_m=per_group)
 
 
+FP8_API = "dg_fp8_grouped_api"  # the FP8 grouped API, contiguous layout: CUTLASS (the fastest FP8 grouped path)
+
+
+def _fp8_grouped_api_call(a8: torch.Tensor, w: torch.Tensor, sfb: torch.Tensor, counts: torch.Tensor):
+    """The FP8-expert baseline the FP4 goals are measured against: `m_grouped_fp8_gemm_nt_contiguous` (the API,
+    contiguous layout: CUTLASS grouped on CUDA, config by rows per expert, the same kernels as the
+    `dg_fp8_grouped_cutlass[pingpong]` / `[coop_2x1]` rows of bench_fp8_dense.py) on the case's per-expert counts
+    (rows expert-sorted, no padding; empty experts have no rows)."""
+    k, dev = a8.shape[1], a8.device
+    sfa = torch.rand(a8.shape[0], -(-k // 128), device=dev) + 0.5
+    out = torch.empty(a8.shape[0], w.shape[1], device=dev, dtype=torch.bfloat16)
+    ids = torch.arange(counts.numel(), dtype=torch.int32).repeat_interleave(counts).to(dev)
+    return lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a8, sfa), (w, sfb), out, ids)
+
+
 def _fp8_masked_counts_call(w: torch.Tensor, sfb: torch.Tensor, counts: torch.Tensor, k: int):
     """The masked Triton FP8 grouped GEMM on ragged per-expert row counts (decode routing: the FP8-expert
     kernel the W4A16 decode path is compared with): a [g, max count, k], masked_m = counts."""
@@ -227,13 +252,33 @@ def _w4a16_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor
     return lambda: dg.m_grouped_bf16_fp4_gemm_nt_contiguous(a, w, offs, out, config=cfg)
 
 
-# Sweeps per regime: the package's SWEEP plus "mid" (17-96 rows per group: the Triton default MID next to the
-# decode default) for the 64-tokens-per-expert case; W4A8 likewise (the prefill sweep's fastest tile).
-W4A16_SWEEP = {**SWEEP, "mid": (MID, SWEEP["decode"][0])}
-W4A8_SWEEP_ALL = {**W4A8_SWEEP, "mid": (W4A8Config(64, 128, num_warps=8, num_stages=3),)}
-# CUDA W4A16 kernel (kernel 4) variants timed per regime: tokens-per-block 8 and 16 for decode, 32 and 64 for mid;
-# the persistent kernel 5 (`...cp`, CUDA_P_SWEEP: 8 and 16 only) next to them on the decode cases.
-CUDA_TN = {"decode": (8, 16), "mid": (32, 64), "prefill": ()}
+# Triton W4A16 tiles timed per regime ("mid": 17-96 rows per group, the 64-tokens-per-expert case). Trimmed in
+# session 5 to the defaults and the configs that were ever fastest (the full SWEEP is every config's GPU test):
+# at decode sizes the CUDA kernels beat every Triton tile by 1.4-2x in the session-4 and -5 runs, so only the
+# decode default and kernel 3 on its tiles stay; at prefill the 256-row tiles (the default) and 128-row kernel 2.
+W4A16_SWEEP = {"decode": (DECODE, V3_DECODE), "mid": (MID, DECODE), "prefill": (PREFILL_256, PREFILL)}
+# W4A8 (its default is timed as well, `dg_w4a8[default]`): the session-5 run's fastest tile per regime.
+W4A8_SWEEP_ALL = {
+    "decode": (W4A8Config(16, 128, num_warps=4, num_stages=4),),
+    "mid": (W4A8Config(64, 128, num_warps=8, num_stages=3),),
+    "prefill": (W4A8Config(64, 128, num_warps=8, num_stages=3),),
+}
+# CUDA W4A16 variants timed per regime, by name: kernel 5 (`...cp`, persistent; the API's default up to 16 rows per
+# group) next to kernel 4 (`...cu`, its default variants only: the 128-row, 8-warp and 6-stage kernel-4 variants
+# lost to them in sessions 4 and 5). Mid (64 per expert): kernel 4's fastest there next to kernel 5 with 16, 32 and
+# 64 tokens per block (the 32 / 64 variants are new in session 5: not GPU-run before; the API does not pick them).
+CUDA_NAMES = {
+    "decode": (
+        "m8n64k256w4s4cu", "m16n64k256w4s4cu",
+        "m8n64k256w4s4cp", "m8n64k512w4s2cp", "m8n128k512w8s2cp", "m8n128k256w4s3cp", "m8n128k512w4s2cp",
+        "m8n64k256w4s3cp", "m16n64k256w4s4cp", "m16n64k512w4s2cp",
+    ),
+    "mid": (
+        "m64n128k256w8s3cu",
+        "m16n64k512w4s2cp", "m32n64k256w4s4cp", "m32n128k256w4s3cp", "m32n128k512w8s2cp", "m64n128k256w8s3cp",
+    ),
+    "prefill": (),
+}  # fmt: skip
 
 
 def _w4a16_impl_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, impl: str):
@@ -257,34 +302,40 @@ def _w4a16_impl_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.T
     return run
 
 
-def _w4a16_p_call(a: torch.Tensor, w: tuple, offs: torch.Tensor, out: torch.Tensor, cfg: W4A16Config):
-    """The persistent CUDA W4A16 kernel (kernel 5, prepared in session 4) called directly: the API routes only
-    kernel-4 configs to CUDA."""
+def _api_config_name(a: torch.Tensor, g: int) -> str:
+    """Name of the config the W4A16 API runs without `config=` (impl auto) for a [m, k] over g groups: the CUDA
+    rule where `_C` has the kernels and `a` is on CUDA, else the Triton default."""
     from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu
+    from deepinfer.deep_gemm.backends.cuda import w4a16_configs as cfgs
 
-    return lambda: cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, w[0], w[1], offs, out, cfg)
+    m = a.shape[0]
+    if a.is_cuda and cu.available():
+        kernel = cfgs.CUDA_DEFAULT_KERNEL if cu.available_p() and g <= cfgs.CUDA_P_MAX_GROUPS else 4
+        auto = cuda_config(m, g, kernel=kernel)
+        if auto is not None:
+            return auto.name
+    return default_config(m, g).name
 
 
 def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
-    """The CUDA W4A16 kernel per variant of CUDA_TN[regime] and the API's auto choice (only where `_C` has the
-    kernel and the operands are on CUDA: elsewhere the rows would only repeat the Triton ones)."""
+    """The CUDA W4A16 kernels per name of CUDA_NAMES[regime] (through the API with `config=`; names `_C` was built
+    without are left out) and the API's auto choice (only where `_C` has kernel 4 and the operands are on CUDA:
+    elsewhere the rows would only repeat the Triton ones)."""
     from deepinfer.deep_gemm.backends.cuda import cuda_fp4_grouped as cu
-    from deepinfer.deep_gemm.backends.cuda.w4a16_configs import CUDA_P_SWEEP, cuda_config
+    from deepinfer.deep_gemm.backends.cuda.w4a16_configs import cuda_p_variant, cuda_variant
 
     if not (a.is_cuda and cu.available()):
         return {}, {}
+    built = set(cu.compiled_variants()) | set(cu.compiled_p_variants())
     impls, config = {}, {}
-    for tn in CUDA_TN.get(regime, ()):
-        for cfg in CUDA_SWEEP[tn]:
-            impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_call(a, w, offs, out, cfg)
-            config[f"dg_w4a16[{cfg.name}]"] = cfg.name
-        for cfg in CUDA_P_SWEEP.get(tn, ()) if cu.available_p() else ():  # kernel 5 next to kernel 4 (not the API's)
-            impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_p_call(a, w, offs, out, cfg)
-            config[f"dg_w4a16[{cfg.name}]"] = cfg.name
-    if CUDA_TN.get(regime):
+    for name in CUDA_NAMES.get(regime, ()):
+        cfg = parse_config(name)
+        if (cuda_variant(cfg) if cfg.kernel == 4 else cuda_p_variant(cfg)) in built:
+            impls[f"dg_w4a16[{name}]"] = _w4a16_call(a, w, offs, out, cfg)
+            config[f"dg_w4a16[{name}]"] = name
+    if CUDA_NAMES.get(regime):
         impls["dg_w4a16[auto]"] = _w4a16_impl_call(a, w, offs, out, "auto")
-        auto = cuda_config(a.shape[0], offs.numel())
-        config["dg_w4a16[auto]"] = auto.name if auto is not None else default_config(a.shape[0], offs.numel()).name
+        config["dg_w4a16[auto]"] = _api_config_name(a, offs.numel())
     return impls, config
 
 
@@ -297,6 +348,7 @@ def _impl_bytes(impls: dict, active: int, m: int, n: int, k: int, g: int) -> dic
     fp8_w = active * (n * k + 4 * (n // 128) * (k // 128))
     out = 2 * m * n
     table = {"dg_w4a8": fp4_w + act8 + out + 4 * g, FP8_GROUPED: fp8_w + act8 + out + 4 * g,
+             FP8_API: fp8_w + act8 + out + 4 * m,
              "torch_scaled_mm_loop_fp8": active * n * k + m * k + 4 * (m + active * n) + out,
              "torch_grouped_mm_bf16": active * 2 * n * k + 2 * m * k + out}  # fmt: skip
     return {name: table[key] for name in impls for key in table if name == key or name.startswith(key + "[")}
@@ -344,7 +396,7 @@ def w4a16_cases(
                 impls[f"dg_w4a16[{cfg.name}]"] = _w4a16_call(a, (packed, scales), offs, out, cfg)
                 config[f"dg_w4a16[{cfg.name}]"] = cfg.name
             impls["dg_w4a16[default]"] = _w4a16_call(a, (packed, scales), offs, out, None)
-            config["dg_w4a16[default]"] = default_config(m, g).name
+            config["dg_w4a16[default]"] = _api_config_name(a, g)
             cu_impls, cu_config = _w4a16_cuda_impls(a, (packed, scales), offs, out, regime)
             impls.update(cu_impls)
             config.update(cu_config)
@@ -361,11 +413,13 @@ def w4a16_cases(
                     impls[FP8_GROUPED] = _fp8_grouped_call(a8, w_fp8, sfb_fp8, size, g)
                 elif regime == "decode":  # random routing: the masked FP8 kernel on the same per-expert counts
                     impls[FP8_GROUPED] = _fp8_masked_counts_call(w_fp8, sfb_fp8, counts, k)
+                impls[FP8_API] = _fp8_grouped_api_call(a8, w_fp8, sfb_fp8, counts)
             active = int((counts > 0).sum())
             nbytes = active * (n * k // 2 + n * k // 32) + 2 * m * k + 2 * m * n + 4 * g
             shape = {"layout": lname, "weights": wname, "m": m, "n": n, "k": k, "groups": g, "active": active}
             case = Case("m_grouped_bf16_fp4_gemm_nt_contiguous", shape, impls, 2.0 * m * n * k, nbytes,
-                        "bf16_tflops", config, compare_to=(FP8_GROUPED, "dg_w4a16[default]"), out=out)  # fmt: skip
+                        "bf16_tflops", config, compare_to=(FP8_GROUPED, FP8_API, "dg_w4a16[default]"),
+                        out=out)  # fmt: skip
             case.impl_bytes = _impl_bytes(impls, active, m, n, k, g)
             cases.append(case)
     return cases

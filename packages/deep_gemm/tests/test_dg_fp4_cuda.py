@@ -6,7 +6,8 @@ wait_group) vs the reference; the variant lists in sync; the config rule; the wr
 an sm_90a nvcc compile check (registers, spills) when nvcc is present. `gpu`: every compiled variant vs the
 reference on ragged / empty / odd shapes and a V4 shape, bit-exact dequantisation, all-empty, CUDA-graph replay,
 the API's impl choice. The same for kernel 5, the persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, called
-through `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; prepared in session 4, not GPU-run yet).
+through `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; the API's default since session 5: its
+routing is tested in `test_dg_fp4_api.py`).
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ def test_gpu_api_impl_choice(impl: str, monkeypatch: pytest.MonkeyPatch) -> None
     assert calc_diff(got_odd[:rows], want[:rows]) < 1e-5
 
 
-# ---------------------------------------------------------------- kernel 5 (persistent variant, not GPU-run yet)
+# ---------------------------------------------------------------- kernel 5 (persistent variant)
 
 
 def _run_emu_p(lib: ctypes.CDLL, cfg: cfgs.W4A16Config, a, packed, scales, offs, out, late: bool, grid: int) -> None:
@@ -381,6 +382,10 @@ EMU_P_CASES = [
     (_cp(256, 8, 4, 1, 3), True, [9, 0, 0, 1], 64, 256, 5),
     (_cp(256, 16, 4, 1, 4), True, [0, 33, 2], 48, 384, 2),
     (_cp(512, 16, 4, 1, 2), False, [17, 5, 0], 64, 1024, 1),
+    (_cp(256, 32, 4, 1, 4), True, [0, 40, 3], 80, 384, 2),
+    (_cp(256, 32, 4, 2, 3), False, [33, 0, 31], 144, 256, 2),
+    (_cp(512, 32, 8, 1, 2), True, [65, 2], 160, 640, 1),
+    (_cp(256, 64, 8, 1, 3), False, [70, 0, 64, 1], 48, 384, 3),
 ]
 
 
@@ -419,7 +424,7 @@ def test_p_variant_lists_in_sync() -> None:
 def test_p_config_names() -> None:
     for cfg in ALL_CUDA_P:
         assert cfgs.parse_config(cfg.name) == cfg and cfg.name.endswith("cp") and cfg.kernel == 5
-    assert [c.name for c in cfgs.CUDA_P_SWEEP[8] + cfgs.CUDA_P_SWEEP[16]] == list(cfgs.CUDA_P_NAMES)
+    assert [c.name for tn in (8, 16, 32, 64) for c in cfgs.CUDA_P_SWEEP[tn]] == list(cfgs.CUDA_P_NAMES)
     with pytest.raises(ValueError, match="kernel 5"):
         cfgs.W4A16Config(8, 64, 512, num_warps=4, num_stages=4, kernel=5)  # not compiled
     assert cfgs.parse_config("m8n64k256w4s4cu").kernel == 4  # kernel 4's names are unchanged

@@ -1,8 +1,10 @@
 """flash_mla benchmark on V4-Flash shapes: sparse decode and prefill, Triton kernels against the reference.
 
-    python packages/flash_mla/benchmarks/bench_flash_mla.py --out RESULT.json   # GPU, issue 5 shapes (~95 s)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --out RESULT.json   # GPU, issue 5 shapes (~100 s)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --out R.json --all-variants  # + ws / ws2 rows (~120 s)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --smoke             # CPU, tiny shapes (interpreter)
-    python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table (all rows)
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --summary RESULT.json  # README key-shape table
 
 Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in {1, 2, 32, 64, 128, 256} x s_q in
 {1, 2, 4} (2 and 64 only at s_q = 2, FlashMLA's measured points), 640 indices per query token: the request's 128
@@ -11,24 +13,27 @@ positions set to -1; HCA at 1M context: 128 window + all 8,192 compressed rows o
 Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4
 compressed rows), one cache, about 3 % holes. Engine calls (`engine_decode` b = 32 / 128, `engine_prefill` t = 4,096:
 the main list into the BF16 pool plus `extra_kv` = the step's new rows, as model/attention.py calls it): `split`
-(the Triton kernel, what the engine ran until the CUDA kernel took extra_kv) against `cuda`.
+(the Triton kernel, what the engine ran until the CUDA kernel took extra_kv) against `cuda` and `api` (the public call:
+the serial kernel, ws3 takes no extra cache).
 
-Implementations, timed in the same run: `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on the
-584-byte FP8 rows), `chunked` / `chunked_fp8` (triton_split_chunked: the tile in 64-dim chunks, FP8 scales per
-chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `deferred_fp8` (triton_split_deferred: P
-@ V one tile behind, scores not duplicated across warpgroups; kernel="deferred"), `cuda` / `cuda_fp8`
-(csrc/cuda/fm_sparse_decode.cu, the compiled sm_90a wgmma kernel; kernel="cuda"; GPU runs only, an error record when
-_C is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), the CUDA
-kernel's small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge of the split partials
-pdl / last CTA; plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the
-token one wave ahead), the warp-specialised kernel `cuda_ws[_fp8]` / `cuda_ws2[_fp8]` / `cuda_ws3[_fp8]`
-(cuda_ws_decode.py, three variants; ws3 = fm_ws3_decode.cu, 64-row tiles; `_s<n>` forced splits; at b = 128 s_q = 2
-(every variant) and prefill t = 4,096 (ws3 only) also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`, modes
-producer / consumer (all) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by design: where the
-time goes), `legacy`
-(triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32 softmax, BF16 cache); "x split (same
-cache)" is the speed-up over `split` / `split_fp8` (the Triton kernel). `split_s<n>` name no kernel: they run the
-API default (the CUDA kernel when _C is built).
+Implementations, timed in the same run: `api` / `api_fp8` (the public `sparse_attn_decode` / `sparse_attn_prefill` with
+its default routing, BF16 / FP8 cache: since session 5 ws3 at >= 32 query tokens without an extra cache, else the serial
+CUDA kernel; the record's `api_kernel` says which), `split` (triton_split_attn, BF16 cache), `split_fp8` (same kernel on
+the 584-byte FP8 rows), `chunked` / `chunked_fp8` (triton_split_chunked: the tile in 64-dim chunks, FP8 scales per
+chunk, FP8 rows in 64-row tiles x 2 stages; kernel="chunked"), `deferred` / `deferred_fp8` (triton_split_deferred: P @ V
+one tile behind, scores not duplicated across warpgroups; kernel="deferred"), `cuda` / `cuda_fp8`
+(csrc/cuda/fm_sparse_decode.cu, the compiled sm_90a wgmma kernel; kernel="cuda"; GPU runs only, an error record when _C
+is not built), variants `<impl>_bn<rows>_st<stages>` (tile config) and `<impl>_s<n>` (split count), the CUDA kernel's
+small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge of the split partials pdl / last CTA;
+plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the token one wave ahead), the
+warp-specialised kernel `cuda_ws3[_fp8]` (cuda_ws_decode.py variant ws3 = fm_ws3_decode.cu, 64-row tiles;
+kernel="cuda_ws3"; with `--all-variants` also the settled session-4 variants `cuda_ws[_fp8]` / `cuda_ws2[_fp8]`; `_s<n>`
+forced splits; at b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
+modes producer / consumer (all variants) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by
+design: where the time goes), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32
+softmax, BF16 cache); "x split (same cache)" is the speed-up over `split` / `split_fp8` (the Triton kernel).
+`split_s<n>` name no kernel: they run the API default (when _C is built: ws3 at >= 32 query tokens, i.e. the b = 32
+rows, else the serial CUDA kernel).
 TFLOPS = 2 * 64 * (valid indices) * (512 + 512) / time (the issue's formula);
 bytes = q + out (bf16) + indices + one cache row per valid index (1,024 B BF16, 584 B FP8), as FlashMLA counts.
 Timing: kernelkit.bench_cuda (CUDA events, 256 MiB L2 flush before every call).
@@ -100,18 +105,50 @@ def prefill_indices(t: int, k_comp: int, win: int, g: torch.Generator) -> tuple[
     return _holes(torch.cat([window, comp], dim=-1).to(torch.int32), g), win + n_comp
 
 
+def _api_fn(op: str, b: int, s_q: int, cache: torch.Tensor | None = None, extra: tuple | None = None):
+    """fn(q3, cache_bf16, idx2, sink) -> (out [t, H, D], lse [t, H]) through the public API, as a caller runs it:
+    `sparse_attn_decode` on [b, s_q, ...] views for decode ops, `sparse_attn_prefill` otherwise (engine calls: with
+    extra = (extra_kv, extra_indices)); `cache` replaces the BF16 cache (the FP8 rows for `api_fp8`)."""
+    from deepinfer.flash_mla import api
+
+    if op.startswith("decode"):
+
+        def fn(q, c, i, s):  # noqa: ANN001, ANN202
+            o, lse = api.sparse_attn_decode(q.view(b, s_q, H, D), c if cache is None else cache,
+                                            i.view(b, s_q, -1), s, SCALE)  # fmt: skip
+            return o.view(-1, H, D), lse.view(-1, H)
+
+        return fn
+    kw = dict(extra_kv=extra[0], extra_indices=extra[1]) if extra else {}
+    return lambda q, c, i, s: api.sparse_attn_prefill(q, c if cache is None else cache, i, s, SCALE, **kw)
+
+
+def _api_kernel(q: torch.Tensor, cache: torch.Tensor, extra: tuple | None) -> str:
+    """What the API default ran for this call (`_dispatch.kernel_for`), recorded with the `api` rows."""
+    from deepinfer.flash_mla import _dispatch
+
+    return _dispatch.kernel_for(q, cache, extra[0] if extra else None)
+
+
 def _impls(
-    fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, variants: list[tuple[str, dict]], cuda: bool = False
-):
+    fp8_cache: torch.Tensor | None, legacy: bool, reference: bool, variants: list[tuple[str, dict]], cuda: bool = False,
+    api_case: tuple[str, int, int] | None = None,
+):  # fmt: skip
     """name -> fn(q3, cache_bf16, idx2, sink) returning (out, lse). cuda: add the compiled sm_90a kernel (`cuda`,
-    `cuda_fp8`; without a built _C their calls raise and the case records the error)."""
+    `cuda_fp8`; without a built _C their calls raise and the case records the error). api_case: (op, b, s_q) adds
+    `api` / `api_fp8`, the public function with its default routing."""
     from deepinfer.flash_mla import reference as ref
     from deepinfer.flash_mla.backends.cuda import triton_sparse_attn as old
     from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
 
+    fns = {}
+    if api_case is not None:  # the default, first: every other row of the case is measured against it
+        fns["api"] = _api_fn(*api_case)
+        if fp8_cache is not None:
+            fns["api_fp8"] = _api_fn(*api_case, cache=fp8_cache)
     # "split" / "split_fp8" pin the Triton "fused" kernel (the default before the CUDA kernel), so "x split" keeps
     # meaning "x the Triton kernel" now that DEFAULT_KERNELS is "cuda"
-    fns = {"split": lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="fused")}
+    fns["split"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="fused")
     fns["chunked"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="chunked")
     fns["deferred"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="deferred")
     if fp8_cache is not None:
@@ -122,7 +159,7 @@ def _impls(
         fns["deferred_fp8"] = lambda q, c, i, s: new.sparse_attn_split_triton(
             q, fp8_cache, i, s, SCALE, kernel="deferred"
         )
-    if cuda:
+    if cuda:  # kernel="cuda": the serial kernel, whatever the default routes to
         fns["cuda"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel="cuda")
         if fp8_cache is not None:
             fns["cuda_fp8"] = lambda q, c, i, s: new.sparse_attn_split_triton(q, fp8_cache, i, s, SCALE, kernel="cuda")
@@ -138,7 +175,7 @@ def _impls(
         fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE)
     bad = _cuda_probe_error() if cuda else None
     if bad is not None:  # never launch a kernel that faulted / hung in the probe: it would end this process's CUDA
-        for name in [n for n in fns if n.startswith("cuda")]:
+        for name in [n for n in fns if n.startswith("cuda") or n.startswith("api")]:
             fns[name] = lambda q, c, i, s, why=bad: _raise(why)
     return fns
 
@@ -147,17 +184,19 @@ def _raise(why: str):  # noqa: ANN202
     raise RuntimeError(why)
 
 
-def _ws_impls(fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablated: tuple[str, ...]) -> dict:
-    """`cuda_ws` / `cuda_ws_fp8`, `cuda_ws2` / `cuda_ws2_fp8` and `cuda_ws3` / `cuda_ws3_fp8`: the warp-specialised
-    kernel's variants (cuda_ws_decode.py; csrc/cuda/fm_ws_decode.cu, fm_ws3_decode.cu) with the serial kernel's split
-    plan, next to `cuda` / `cuda_fp8`, plus `cuda_ws<v>[_fp8]_s<n>` forced split counts and, for the variants in
-    `ablated`, their timing-only modes `cuda_ws<v>_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes).
+def _ws_impls(
+    fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablated: tuple[str, ...], variants: tuple[str, ...]
+) -> dict:
+    """`cuda_ws3` / `cuda_ws3_fp8` (and, in `variants`, `cuda_ws` / `cuda_ws2`[_fp8]): the warp-specialised kernel's
+    variants (cuda_ws_decode.py; csrc/cuda/fm_ws_decode.cu, fm_ws3_decode.cu) with the serial kernel's split plan,
+    next to `cuda` / `cuda_fp8`, plus `cuda_ws<v>[_fp8]_s<n>` forced split counts and, for the variants in `ablated`,
+    their timing-only modes `cuda_ws<v>_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes).
     Raisers when a probe failed (a fault would end this process's CUDA context); without _C.sparse_decode_ws every
     call records the wrapper's ValueError."""
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
 
     fns, probe_of = {}, {}
-    for variant in ws.VARIANTS:
+    for variant in [v for v in ws.VARIANTS if v in variants]:
         modes = [m for m in ws.ablations_of(variant) if m != "full"] if variant in ablated else []
         # forced counts in 32-row tiles; ws3 (64-row tiles) gets the counts with the same rows per split
         v_splits = [n * ws.KERNEL_ROWS // ws.block_rows(variant) for n in splits]
@@ -258,19 +297,23 @@ def _cuda_plan_variants(op: str, b: int, s_q: int) -> list[tuple[str, dict]]:
     return out
 
 
-def _extra_impls(extra_kv: torch.Tensor, extra_idx: torch.Tensor, reference: bool) -> dict:
-    """The engine's call: main list into the pool plus extra_kv / extra_indices; Triton (`split`) vs `cuda`."""
+def _extra_impls(extra_kv: torch.Tensor, extra_idx: torch.Tensor, reference: bool, api_fn=None) -> dict:  # noqa: ANN001
+    """The engine's call: main list into the pool plus extra_kv / extra_indices; `api` (the public function, as the
+    engine calls it: the serial kernel), Triton (`split`) and `cuda`."""
     from deepinfer.flash_mla import reference as ref
     from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
 
     kw = dict(extra_kv=extra_kv, extra_indices=extra_idx)
-    fns = {name: (lambda q, c, i, s, k=kernel: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel=k, **kw))
-           for name, kernel in (("split", "fused"), ("cuda", "cuda"))}  # fmt: skip
+    fns = {"api": api_fn} if api_fn is not None else {}
+    fns.update({name: (lambda q, c, i, s, k=kernel: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel=k, **kw))
+                for name, kernel in (("split", "fused"), ("cuda", "cuda"))})  # fmt: skip
     if reference:
         fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE, extra_kv, extra_idx)
     bad = _cuda_probe_error()
     if bad is not None:
-        fns["cuda"] = lambda q, c, i, s, why=bad: _raise(why)
+        for name in ("api", "cuda"):
+            if name in fns:
+                fns[name] = lambda q, c, i, s, why=bad: _raise(why)
     return fns
 
 
@@ -290,19 +333,22 @@ def run_case(
     valid = int((idx2 >= 0).sum()) + (int((extra[1] >= 0).sum()) if extra else 0)  # host reads, not timed
     flops = 2 * H * valid * (D + D)
     fixed = 2 * t * H * D * 2 + idx2.numel() * 4 + (extra[1].numel() * 4 if extra else 0)
-    extra_impls = _extra_impls(*extra, cfg["reference"]) if extra else None
+    extra_impls = _extra_impls(*extra, cfg["reference"], api_fn=_api_fn(op, b, s_q, extra=extra)) if extra else None
     shape = f"b={b} s_q={s_q} k={k}" if not op.endswith("prefill") else f"t={t} k={k}"
     shape += f"+{extra[1].shape[1]}" if extra else ""
     recs, ref_out = [], None
     # Past the variant deadline (compiles are most of the GPU run's 120 s) only the main implementations run.
     variants = _variants(op, b, s_q, cfg["smoke"]) if time.time() < cfg["variant_deadline"] else []
     variants += [] if cfg["smoke"] else _cuda_plan_variants(op, b, s_q)  # no compiles: always
-    impls = extra_impls or _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"])
+    impls = extra_impls or _impls(fp8, cfg["legacy"], cfg["reference"], variants, cuda=not cfg["smoke"],
+                                  api_case=(op, b, s_q))  # fmt: skip
     if extra is None and not cfg["smoke"]:  # the warp-specialised kernel next to `cuda` / `cuda_fp8`
-        # the ablation rows (where the time goes): every variant at b = 128 s_q = 2; at prefill t = 4,096 only ws3
-        # (ws / ws2's prefill ablations were measured in session 4: their time goes to the ws3 rows)
-        abl = {("decode", 128, 2): ("ws", "ws2", "ws3"), ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
-        impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl))
+        # ws3 always; ws / ws2 (settled in sessions 4-5: slower than ws3 at every shape) only with --all-variants.
+        # The ablation rows (where the time goes): every variant run at b = 128 s_q = 2; at prefill t = 4,096 only
+        # ws3 (ws / ws2's prefill ablations were measured in session 4)
+        ws_vars = ("ws", "ws2", "ws3") if cfg.get("all_variants") else ("ws3",)
+        abl = {("decode", 128, 2): ws_vars, ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
+        impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl, ws_vars))
     if variants and ((op, b, s_q) == ("decode", 128, 2) or (cfg["smoke"] and op == "decode")):
         impls.update(_l2_hot(impls, idx2))
     for name, fn in impls.items():
@@ -324,6 +370,8 @@ def run_case(
             rec["pct_bf16_tflops"] = kk.pct_of(rec["tflops"], kk.H200_CEILINGS["bf16_tflops"])
             rec["pct_hbm_copy"] = kk.pct_of(rec["gbps"], kk.H200_CEILINGS["hbm_copy_gbps"])
             rec["_out"] = out
+            if name.startswith("api"):
+                rec["api_kernel"] = _api_kernel(q, fp8 if name == "api_fp8" else cache, extra)
         except Exception as exc:  # record and go on: one failing case must not lose the others
             rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
         recs.append(rec)
@@ -332,8 +380,10 @@ def run_case(
     return recs
 
 
+# the ws3 producer-only ablations too: with every row in L2, does the FP8 producer (88.8 us at b = 128 s_q = 2 in
+# session 5, BF16 66.8) get faster (latency-bound: prefetch further) or not (bound by its own instructions)?
 _L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8",
-          "cuda_ws3", "cuda_ws3_fp8")  # fmt: skip
+          "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3_abl_producer", "cuda_ws3_abl_producer_fp8")  # fmt: skip
 
 
 def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
@@ -365,9 +415,13 @@ def _finish_case(recs: list[dict], ref_out: torch.Tensor | None, key: tuple) -> 
         same = "split_fp8" if "fp8" in r["impl"] else "split"  # the Triton kernel on the same cache format
         if same in times and same != r["impl"]:
             r["x_vs_default_same_cache"] = times[same] / r["median_us"]
-        cu = "cuda_fp8" if "fp8" in r["impl"] else "cuda"  # the CUDA kernel as the API runs it, same cache
-        if r["impl"].startswith("cuda") and cu in times and cu != r["impl"]:
+        cu = "cuda_fp8" if "fp8" in r["impl"] else "cuda"  # the serial CUDA kernel, same cache
+        compiled = r["impl"].startswith("cuda") or r["impl"].startswith("api")
+        if compiled and cu in times and cu != r["impl"]:
             r["x_vs_cuda_same_cache"] = times[cu] / r["median_us"]
+        w3 = "cuda_ws3_fp8" if "fp8" in r["impl"] else "cuda_ws3"  # the warp-specialised ws3 kernel, same cache
+        if compiled and w3 in times and w3 != r["impl"]:
+            r["x_vs_cuda_ws3_same_cache"] = times[w3] / r["median_us"]
         if out is not None and ref_out is not None and r["impl"] != "reference" and "l2hot" not in r["impl"]:
             r["max_abs_err_vs_ref"] = float((out.float() - ref_out.float()).abs().max())
         if fm is not None:
@@ -385,13 +439,14 @@ def _cases(smoke: bool):
     return dec, [(4096, 512, 128), (16384, 512, 128)]
 
 
-def run(smoke: bool, out_path: str | None) -> list[dict]:
+def run(smoke: bool, out_path: str | None, all_variants: bool = False) -> list[dict]:
     import kernelkit as kk
     from deepinfer.flash_mla import api
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(warmup=1, rep=2, rep_ref=2, legacy=True, reference=True, smoke=smoke) if smoke else dict(
         warmup=3, rep=20, rep_ref=3, legacy=True, reference=True, smoke=smoke)  # fmt: skip
+    cfg["all_variants"] = all_variants
     g = torch.Generator(device=dev).manual_seed(0)
     dec, pre = _cases(smoke)
     region = max(c[3] + c[5] for c in dec)
@@ -402,7 +457,8 @@ def run(smoke: bool, out_path: str | None) -> list[dict]:
     fp8 = api.pack_fp8_kv(cache)
     _log(f"caches: {b_max} x {region} rows ({cache.numel() * 2 / 1e9:.2f} GB bf16) in {time.time() - t0:.1f} s")
     records: list[dict] = []
-    meta = {"package": "flash_mla", "smoke": smoke, "heads": H, "d": D, "hole_frac": HOLE_FRAC}
+    meta = {"package": "flash_mla", "smoke": smoke, "heads": H, "d": D, "hole_frac": HOLE_FRAC,
+            "all_variants": all_variants}  # fmt: skip
     for op, b, s_q, n_comp, k_comp, win in dec:
         idx = decode_indices(b, s_q, n_comp, k_comp, win, region, g)
         cfg["legacy"] = op == "decode"
@@ -470,14 +526,75 @@ def table(path: str) -> str:
     return "\n".join(lines)
 
 
+_SUMMARY = ("cuda", "cuda_ws3", "cuda_fp8", "cuda_ws3_fp8", "api", "api_fp8")
+
+
+def _cell(r: dict | None, hca: bool) -> str:
+    """ "us (TFLOPS)" of a record ("us (GB/s)" at HCA; "error" / "" when it failed / is absent)."""
+    if r is None:
+        return ""
+    if "error" in r:
+        return "error"
+    rate = f"{r['gbps']:.0f} GB/s" if hca else f"{r['tflops']:.1f}"
+    return f"{r['median_us']:.1f} ({rate})"
+
+
+def _ratio(rows: dict, num: str, den: str) -> str:
+    a, b = rows.get(num), rows.get(den)
+    if not a or not b or "median_us" not in a or "median_us" not in b:
+        return ""
+    return f"{a['median_us'] / b['median_us']:.2f}"
+
+
+def summary(path: str) -> str:
+    """README key-shape table of a saved result: per case (decode, HCA, engine, prefill) the serial kernel (`cuda`)
+    against ws3 (`cuda_ws3`) on both caches, time in us (TFLOPS; HCA: GB/s), "ws3 x" = cuda time / ws3 time, the API
+    default (`api` rows with the kernel it ran, when the run has them) and FlashMLA's published H200 numbers."""
+    by: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in json.loads(pathlib.Path(path).read_text())["records"]:
+        by.setdefault((r["op"], r["shape"]), {})[r["impl"]] = r
+    has_api = any("api" in rows for rows in by.values())
+    head = ["op", "shape", "`cuda` BF16", "`cuda_ws3` BF16", "ws3 x", "`cuda_fp8`", "`cuda_ws3_fp8`", "ws3 x FP8"]
+    head += ["`api` BF16 (kernel)", "`api_fp8` (kernel)"] if has_api else []
+    lines = ["| " + " | ".join([*head, "FlashMLA H200 TFLOPS (us)"]) + " |", "|" + "---|" * (len(head) + 1)]
+    rank = {"decode": 0, "decode_hca1m": 1, "engine_decode": 2, "engine_prefill": 3, "prefill": 4}
+
+    def order(key: tuple[str, str]) -> tuple:
+        r = next(iter(by[key].values()))
+        return rank.get(r["op"], 5), r["b"], r["s_q"]
+
+    for op, shape in sorted(by, key=order):
+        rows = by[(op, shape)]
+        if not any(n in rows for n in _SUMMARY):
+            continue
+        hca = op == "decode_hca1m"
+        cells = [op, shape, _cell(rows.get("cuda"), hca), _cell(rows.get("cuda_ws3"), hca),
+                 _ratio(rows, "cuda", "cuda_ws3"), _cell(rows.get("cuda_fp8"), hca),
+                 _cell(rows.get("cuda_ws3_fp8"), hca), _ratio(rows, "cuda_fp8", "cuda_ws3_fp8")]  # fmt: skip
+        if has_api:
+            for n in ("api", "api_fp8"):
+                r = rows.get(n)
+                cells.append(_cell(r, hca) + (f" {r['api_kernel']}" if r and "api_kernel" in r else ""))
+        fm = next((r for r in rows.values() if r.get("flashmla_h200_tflops")), None)
+        us = fm.get("flashmla_h200_us") if fm else None
+        cells.append(f"{fm['flashmla_h200_tflops']:.0f}" + (f" ({us})" if us else "") if fm else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; on CPU through the Triton interpreter")
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
+    ap.add_argument("--summary", metavar="JSON", help="print the README's key-shape table of a saved result and exit")
+    ap.add_argument("--all-variants", action="store_true", help="also time the warp-specialised ws / ws2 variants")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
+        return 0
+    if args.summary:
+        print(summary(args.summary))
         return 0
     if args.smoke:
         global H
@@ -486,7 +603,7 @@ def main() -> int:
         if not args.smoke:
             ap.error("no CUDA device: only --smoke (Triton interpreter) or --table run here")
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
-    recs = run(args.smoke, args.out)
+    recs = run(args.smoke, args.out, args.all_variants)
     failed = [r for r in recs if "error" in r]
     _log(f"{len(recs)} records, {len(failed)} failed" + (f"; results in {args.out}" if args.out else ""))
     return 1 if failed and args.smoke else 0

@@ -140,33 +140,19 @@ def _hash_bytes(args: tuple, out: object) -> int:
 
 _MHC = _launcher("triton_mhc", "mhc_pre_triton")
 _MHC_HEAD = _launcher("triton_mhc", "mhc_head_triton")
-# impl="twopass_l2" configs (triton_mhc_twopass.py, prepared in session 4: every program mixes one token block and
-# finishes one mixed LAG blocks earlier): default at every t (the head: only it); for mhc_pre from 4,096 tokens up,
-# where the L2 re-read matters, more (self_bt16: the "each program re-reads its own 16-token block" design)
-MHC_TWOPASS_CONFIGS = ("default", "prefetch", "self_bt16", "evict", "w4_lag24", "s8_lag24", "bt64")
-MHC_TWOPASS_CONFIGS_4096 = ("default", "prefetch", "self_bt16", "evict", "w4_lag24")
 # triton_mhc_fused: only its best config of session 4 per size is timed (spin_bt64 at >= 4,096 tokens, spin below;
 # the others ran 0.09-0.41x the two launches in sessions 3-4: kept in the code and the GPU tests)
 MHC_FUSED_BEST = ("spin_bt64", "spin")
-# ops whose named configs run at every token count, not only the largest (RoPE and pooling: is a config that wins at
-# 16,384 tokens also no slower at 4,096, 64 and 1?)
-KEEP_VARIANTS = ("mhc_pre", "mhc_head", "apply_rope_interleaved", "softmax_pool")
+# ops whose named configs run at every token count, not only the largest (RoPE, pooling, the KV entry: is a config
+# that wins at 16,384 tokens also no slower at 4,096, 64 and 1?)
+KEEP_VARIANTS = ("mhc_pre", "mhc_head", "apply_rope_interleaved", "softmax_pool", "kv_norm_rope_quant")
 
 
 def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
-    """The one-launch kernels next to the API's two launches: impl="twopass_l2" ("twopass" = its default config;
-    more configs at >= 4,096 tokens when all_configs, i.e. mhc_pre: the head is the same kernel and each JIT compile
-    costs seconds) and impl="fused"'s best config of session 4 for the size."""
-    names: tuple[str, ...] = ("default",)
-    if all_configs and t >= 4096:
-        names = MHC_TWOPASS_CONFIGS if t > 4096 else MHC_TWOPASS_CONFIGS_4096
-    out = {
-        ("twopass" if cfg == "default" else f"twopass_{cfg}"): functools.partial(fn, impl="twopass_l2", config=cfg)
-        for cfg in names
-    }
+    """The one-launch kernel next to the API's two launches: impl="fused"'s best config of session 4 for the size
+    (spin_bt64 from 4,096 tokens when all_configs, i.e. mhc_pre; else spin)."""
     fused = MHC_FUSED_BEST[0] if all_configs and t >= 4096 else MHC_FUSED_BEST[1]
-    out[f"fused_{fused}"] = functools.partial(fn, impl="fused", config=fused)
-    return out
+    return {f"fused_{fused}": functools.partial(fn, impl="fused", config=fused)}
 
 
 def _routing(dev: str, t: int, seed: int) -> torch.Tensor:
@@ -221,7 +207,7 @@ def _moe_cases(dev: str, t: int, full: bool) -> list[Case]:
 def cases(dev: str, tokens: tuple[int, ...]) -> list[Case]:
     """The benchmark list: every op at each token count in `tokens`, in that order. Named Triton configs run at
     the largest count only, except those of KEEP_VARIANTS' ops (the mHC one-launch configs: `_mhc_variants`; RoPE,
-    pooling), at every count. Order per count: MoE permutation, KEEP_VARIANTS' ops, then the other ops."""
+    pooling, the KV entry), at every count. Order per count: MoE permutation, KEEP_VARIANTS' ops, then the other ops."""
     out: list[Case] = []
     for t in tokens:
         full = t == max(tokens)
@@ -355,10 +341,15 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _kv_args(dev, t),
             tk.kv_norm_rope_quant,
             ref.kv_norm_rope_quant,
+            # pf*: the prefetching loop kernel, up to 2 / 4 / 8 one-token blocks per program, 64 registers
+            # (nocap: none; first: --smoke runs one config); bt*_w1: more rows per 1-warp program; bt2_w2 /
+            # early_cs: session-3 / -4 configs (0.82x / 0.95x of the default in session 5)
             variants={
+                **{f"pf{nb}": functools.partial(_KV, blocks_per_program=nb) for nb in (2, 4, 8)},
+                "pf4_nocap": functools.partial(_KV, blocks_per_program=4, loop_maxnreg=0),
                 **{
                     f"bt{bt}_w{w}": functools.partial(_KV, block_t=bt, num_warps=w)
-                    for bt, w in ((8, 8), (4, 4), (2, 2))
+                    for bt, w in ((2, 1), (4, 1), (2, 2))
                 },
                 "early_cs": functools.partial(_KV, early_cos_sin=True),
             },

@@ -196,6 +196,7 @@ def run(
     rep: int,
     compile_budget: float = COMPILE_BUDGET_S,
     tokens: tuple[int, ...] | None = None,
+    ops: tuple[str, ...] | None = None,
 ) -> list[dict]:
     dev = "cpu" if smoke else "cuda"
     if not smoke and not torch.cuda.is_available():
@@ -203,6 +204,11 @@ def run(
     t0 = time.monotonic()
     records: list[dict] = []
     all_cases = cases(dev, tokens or (SMOKE_TOKENS if smoke else DEFAULT_TOKENS))
+    if ops:  # --ops: only these ops (a short run that re-times some ops; the others keep their last JSON)
+        unknown = sorted(set(ops) - {c.op for c in all_cases})
+        if unknown:
+            raise SystemExit(f"--ops: unknown op(s) {unknown}; expected names from {sorted({c.op for c in all_cases})}")
+        all_cases = [c for c in all_cases if c.op in ops]
     for case in all_cases:
         if not smoke and time.monotonic() - t0 > CASE_BUDGET_S:
             records.append({"op": case.op, "shape": case.shape, "impl": "api", "error": "skipped: time budget"})
@@ -302,6 +308,12 @@ def main() -> None:
         default=None,
         help=f"token counts, comma-separated, run in that order (default {','.join(map(str, DEFAULT_TOKENS))})",
     )
+    ap.add_argument(
+        "--ops",
+        type=lambda v: tuple(x for x in v.split(",") if x),
+        default=None,
+        help="only these ops, comma-separated (default: every op)",
+    )
     a = ap.parse_args()
     if a.table is not None:
         print(table(a.table))
@@ -310,7 +322,7 @@ def main() -> None:
     smoke_default = a.smoke and (a.warmup, a.rep) == (3, 20)  # the interpreter is slow: one warm-up, two reps
     # --smoke: Dynamo traces only the first cases (each costs seconds on 2 cores; the run must stay under 60 s)
     budget = min(a.compile_budget, SMOKE_COMPILE_BUDGET_S) if a.smoke else a.compile_budget
-    run(a.smoke, out, 1 if smoke_default else a.warmup, 2 if smoke_default else a.rep, budget, a.tokens)
+    run(a.smoke, out, 1 if smoke_default else a.warmup, 2 if smoke_default else a.rep, budget, a.tokens, a.ops)
 
 
 if __name__ == "__main__":

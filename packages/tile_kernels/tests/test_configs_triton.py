@@ -120,8 +120,12 @@ def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
     run = _F.kv_norm_rope_quant_triton
     want, plain = run(kv, w, cos, sin, 64, 1e-6, 64), run(kv, w, cos, sin, 64, 1e-6, None)
     _equal(run(kv, w, cos, sin, 64, 1e-6, 64, early_cos_sin=True), want, "kv early_cos_sin")
+    for nb, cap in ((2, None), (4, None), (8, None), (4, 0)):  # the prefetching loop kernel (pf*): the default's
+        kw = {"blocks_per_program": nb, **({} if cap is None else {"loop_maxnreg": cap})}  # tiling: the same bits
+        _equal(run(kv, w, cos, sin, 64, 1e-6, 64, **kw), want, f"kv {kw}")
     ulp = torch.finfo(torch.bfloat16).eps * plain.float().abs() + 1e-30
-    for kw in ({"block_t": 4, "num_warps": 4}, {"block_t": 2, "num_warps": 2}, {"block_t": 16, "num_warps": 8}):
+    tilings = ({"block_t": 4, "num_warps": 4}, {"block_t": 2, "num_warps": 2}, {"block_t": 16, "num_warps": 8})
+    for kw in (*tilings, {"block_t": 2, "num_warps": 1}, {"block_t": 4, "num_warps": 1}):
         kw2 = {**kw, "early_cos_sin": kw["block_t"] == 4}
         p = run(kv, w, cos, sin, 64, 1e-6, None, **kw2)
         err = (p.float() - plain.float()).abs()
@@ -129,6 +133,8 @@ def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         got = run(kv, w, cos, sin, 64, 1e-6, 64, **kw2)
         _equal(got[:, :448], ref_quant.fp8_quant_dequant_ue8m0(p[:, :448], 64), f"kv {kw2} quantised")
         _equal(got[:, 448:], p[:, 448:], f"kv {kw2} rope dims")
+        if kw["num_warps"] == 1:  # the loop kernel on this tiling: the same bits as the plain kernel on it
+            _equal(run(kv, w, cos, sin, 64, 1e-6, 64, blocks_per_program=2, **kw2), got, f"kv {kw2} loop")
 
 
 def test_configs_match_default() -> None:

@@ -1,4 +1,4 @@
-"""Checks shared by the tests of the one-launch mHC impls (`test_mhc_fused_triton.py`, `test_mhc_twopass_triton.py`).
+"""Checks of the one-launch mHC impl (`impl="fused"`, `test_mhc_fused_triton.py`).
 
 Each runs `mhc_pre_triton` / `mhc_head_triton` with an `impl` (and its named `config`) on fresh random inputs
 (`test_mhc_triton._inputs`, seeded) and compares with the reference at the tolerances derived in

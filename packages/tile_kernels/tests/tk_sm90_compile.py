@@ -20,7 +20,6 @@ from deepinfer.tile_kernels.backends.cuda import triton_fused as f
 from deepinfer.tile_kernels.backends.cuda import triton_hadamard as hd
 from deepinfer.tile_kernels.backends.cuda import triton_mhc as mh
 from deepinfer.tile_kernels.backends.cuda import triton_mhc_fused as mf
-from deepinfer.tile_kernels.backends.cuda import triton_mhc_twopass as tp
 from deepinfer.tile_kernels.backends.cuda import triton_moe as mo
 from deepinfer.tile_kernels.backends.cuda import triton_pool as p
 from deepinfer.tile_kernels.backends.cuda import triton_quant as q
@@ -220,6 +219,10 @@ for rows in (False, True):
         )
 kcx = {"HAS_ROWS": True, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_T": 8, "BLOCK_D": 512, "IS_BF16": True}
 go("kv early cos/sin", f._kv_fused_kernel, ks, {**kcx, "HW_CAST": True, "EARLY_CS": True}, 8, False)
+# the prefetching loop kernel (benchmark configs pf*): 1 token / 1 warp per block, 4 blocks per program, capped
+for rows in (False, True):
+    lcx = {**kcx, "HAS_ROWS": rows, "BLOCK_T": 1, "HW_CAST": True, "BLOCKS": 4}
+    go(f"kv loop rows={rows}", f._kv_fused_loop_kernel, ks, lcx, 1, False, 3, f.KV_LOOP_MAXNREG)
 k32 = dict(ks)
 k32.update({"kv_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32"})
 go(
@@ -403,17 +406,6 @@ for head in (False, True):
         if not head or name == "spin":
             cx = mhc_cx(head, bt, mh.MIX_BLOCK_K, bd, bs)
             go_mhc(f"mhc spin head={head} {name}", mf._mhc_spin_kernel, head, cx, warps)
-
-# one-launch mHC, every program mixes a block and finishes an earlier one (triton_mhc_twopass.py): pre with each
-# config's constexprs, head with the default's
-for head in (False, True):
-    for name, c in tp.TWOPASS_CONFIGS.items():
-        if head and name != "default":
-            continue
-        cx = {**mhc_cx(head, c.block_t, c.block_k, c.block_d, c.block_s), "PREFETCH": c.prefetch}
-        cx.update({"MIX_EVICT": "evict_last" if c.evict else "", "FIN_EVICT": "evict_first" if c.evict else ""})
-        args = (c.warps, True, c.stages, c.maxnreg)
-        go_mhc(f"mhc twopass head={head} {name}", tp._mhc_twopass_kernel, head, cx, *args)
 
 # MoE permute / un-permute (triton_moe.py)
 for it in ("*i64", "*i32"):

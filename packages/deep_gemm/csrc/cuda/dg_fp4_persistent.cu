@@ -1,5 +1,5 @@
 // Launchers of the persistent W4A16 grouped GEMM variants ("kernel 5"; kernel and design notes:
-// dg_fp4_persistent.cuh). Not used by any default: the benchmark times them next to kernel 4.
+// dg_fp4_persistent.cuh). The W4A16 API runs them by default up to 16 rows per group (w4a16_configs.CUDA_P_BY_TN).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -100,6 +100,12 @@ const PEntry kPEntries[] = {
     DG_FP4_PVARIANT(256, 8, 4, 1, 3),   // one stage less than the first (41 KB; still 4 CTAs: registers)
     DG_FP4_PVARIANT(256, 16, 4, 1, 4),  // 16-token blocks: 159 regs -> 3
     DG_FP4_PVARIANT(512, 16, 4, 1, 2),  // 167 regs -> 3
+    // More tokens per block for ~64 rows per expert (session 5 stretch; benchmark rows only, no default uses them):
+    // fewer passes over each expert's weights (64 tokens: one) at more MMAs per weight byte.
+    DG_FP4_PVARIANT(256, 32, 4, 1, 4),  // 167 regs, 100 KB -> 2 CTAs (shared memory)
+    DG_FP4_PVARIANT(256, 32, 4, 2, 3),  // 128 rows: 249 regs, 101 KB -> 2
+    DG_FP4_PVARIANT(512, 32, 8, 1, 2),  // 128 rows, 8 warps: 201 regs, 133 KB -> 1 x 8 warps
+    DG_FP4_PVARIANT(256, 64, 8, 1, 3),  // one token block at 64 per expert: 209 regs, 150 KB -> 1 x 8 warps
 #endif
 };
 

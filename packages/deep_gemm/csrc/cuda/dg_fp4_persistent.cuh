@@ -34,7 +34,7 @@ namespace dg_fp4 {
 template <int KT, int TN, int WARPS, int RT, int NS>
 struct PCfg {
   static_assert(KT == 256 || KT == 512, "KT: 256 or 512 k per stage");
-  static_assert(TN % 8 == 0 && TN >= 8 && TN <= 32, "TN: 8..32, a multiple of 8");
+  static_assert(TN % 8 == 0 && TN >= 8 && TN <= 64, "TN: 8..64, a multiple of 8");
   static_assert(RT == 1 || RT == 2, "RT: 1 or 2 row tiles of 16 per warp");
   static_assert(NS >= 2 && NS <= 6, "NS: 2..6 stages");
   static constexpr int kThreads = WARPS * 32;

@@ -121,5 +121,9 @@ extern "C" int emu_w4a16_p(int kt, int tn, int warps, int rt, int stages, const 
   DG_FP4_EMU_PCASE(256, 8, 4, 1, 3)
   DG_FP4_EMU_PCASE(256, 16, 4, 1, 4)
   DG_FP4_EMU_PCASE(512, 16, 4, 1, 2)
+  DG_FP4_EMU_PCASE(256, 32, 4, 1, 4)
+  DG_FP4_EMU_PCASE(256, 32, 4, 2, 3)
+  DG_FP4_EMU_PCASE(512, 32, 8, 1, 2)
+  DG_FP4_EMU_PCASE(256, 64, 8, 1, 3)
   return -1;
 }

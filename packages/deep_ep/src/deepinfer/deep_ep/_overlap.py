@@ -1,4 +1,5 @@
-"""The no-sync normal mode with its stages overlapped (`dispatch(num_worst_tokens=W, overlap=True)`).
+"""The no-sync normal mode with its stages overlapped (`dispatch(num_worst_tokens=W)`: the default since session
+5, see `enabled`; `overlap=False` runs `_nosync.py`).
 
 Same contract and results as `_nosync.py` (bit for bit: the received rows, padding, counts tensor, handle),
 fewer stages in series (kernels in `backends/triton/overlap.py`):
@@ -38,17 +39,38 @@ from .intranode import IntranodeNormal, _payload, _payload_code, _payload_shape,
 from .reference import XPayload
 
 HEAD_BYTES = 4096  # int64 flags at the head of each buffer (count / row flags, or combine flags)
-ENV = "DEEPINFER_DEEP_EP_OVERLAP"  # "1": num_worst_tokens calls take this variant unless overlap=False
+ENV = "DEEPINFER_DEEP_EP_OVERLAP"  # "0": num_worst_tokens calls that do not pass overlap take `_nosync`
+# program order of the dispatch launch (`overlap.ORDERS`): "serial" (the default) or "mixed" (session 5, not
+# GPU-run yet: the copy-out programs launched first, pushes and own-block copies interleaved); read per call
+ORDER_ENV = "DEEPINFER_DEEP_EP_OVERLAP_ORDER"
 # polls before a wait gives up (sets the timeout flag): a peer's first call may still be compiling its
 # kernels (tens of seconds) while ours already waits on the GPU
 SPIN_LIMIT = {"cuda": 1 << 27, "cpu": 1 << 21}
 
 
 def enabled(overlap: bool | None) -> bool:
-    """The caller's choice, or the environment's (off unless DEEPINFER_DEEP_EP_OVERLAP=1)."""
+    """The caller's choice, or the environment's: on unless DEEPINFER_DEEP_EP_OVERLAP=0.
+
+    The default of the no-sync mode since session 5, from the 2-H200 run at V4-Flash shapes (4096 tokens per
+    rank, hidden 4096, top-6 of 256; build/s5/r2, benchmarks/results/2026-11-30-s5-bench-deep_ep.json), every
+    row bit-exact with the reference: from CUDA graphs dispatch bf16 150.0 us vs 219.2 us for `_nosync` (222
+    vs 152 GB/s), FP8 88.8 vs 157.0 us, combine bf16 113.0 vs 126.1 us (292 vs 262 GB/s); GPU stages of a
+    dispatch: layout 10.3 + one kernel 142.2 us vs `_nosync`'s 65.0 + 23.2 + 5.5 + 97.6 + 7.9 + 44.8 us. Eager
+    calls (host-bound, so they time the host's launch work more than the GPU's): FP8 dispatch 324 vs 710 us
+    and combine 135 vs 203 us win, bf16 dispatch loses (579 vs 457 us, not investigated); a CUDA graph is how
+    the no-sync mode is meant to run. Cost: its own symmetric
+    buffers (2 x R x W rows per field for dispatch and combine, about 540 MB per rank at those shapes)."""
     if overlap is not None:
         return bool(overlap)
-    return os.environ.get(ENV, "0").strip() == "1"
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+def order() -> str:
+    """The dispatch launch's program order from DEEPINFER_DEEP_EP_OVERLAP_ORDER (default "serial")."""
+    got = os.environ.get(ORDER_ENV, "serial").strip() or "serial"
+    if got not in ov.ORDERS:
+        raise ValueError(f"{ORDER_ENV}: expected one of {list(ov.ORDERS)}, got {got!r}")
+    return got
 
 
 def tag_bytes(world: int, cap: int, row_bytes: list[int]) -> int:
@@ -227,6 +249,7 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
         from . import _nosync
 
         return _nosync.dispatch(fast, x, idx, w, num_experts, given, align, cap)
+    launch_order = order()  # before any GPU work: a bad value must not leave the epochs advanced on one rank
     mark = _stage_marker(dev)
     st = state(fast)
     rb = [_row_bytes(f) for f in fields]
@@ -251,7 +274,7 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
     words = [_src_words(f) for f in fields]
     ov.dispatch(side.bufs, rank, side.ctr, side.done, lay, cap, scratch["lpos"], scratch, words, idx, w,
                 (send_pos, send_tok), outs, (out_idx, out_w, out_src), mat, counts, num_experts, align, sig,
-                SPIN_LIMIT[dev.type])  # fmt: skip
+                SPIN_LIMIT[dev.type], launch_order)  # fmt: skip
     mark("overlap")
     recv_x = [_typed_out(b, f) for b, f in zip(outs, fields)]
     handle = DispatchHandle(

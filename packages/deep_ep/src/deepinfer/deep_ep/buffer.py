@@ -177,8 +177,9 @@ class Buffer:
            call of the same shapes); elsewhere the synced path runs and its outputs are padded to W.
         overlap: with num_worst_tokens on the fast path, the overlapped variant (`_overlap.py`: a
            multi-program layout scan, the count exchange folded into the push, each source's rows copied out
-           as soon as they land; its combine reduces each peer's rows as they land). Same results. None:
-           DEEPINFER_DEEP_EP_OVERLAP=1 turns it on (off by default). Ignored without num_worst_tokens.
+           as soon as they land; its combine reduces each peer's rows as they land). Same results. None (the
+           default): on, unless DEEPINFER_DEEP_EP_OVERLAP=0; False: the session-4 no-sync kernels
+           (`_nosync.py`). Ignored without num_worst_tokens.
 
         Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle):
           recv_x: like x with num_recv rows, grouped by source rank (ascending), tokens in ascending index

@@ -3,11 +3,13 @@
 Dispatch (no host sync on the fast path, so it can be captured in a CUDA graph):
 
 * CUDA tensors -> the Triton kernel (`backends/cuda/triton_fp4_grouped.py`), unless
-  DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton is not importable); or the compiled CUDA kernel for the
-  memory-bound regime (`backends/cuda/cuda_fp4_grouped.py`, "kernel 4"): by `config=` / DEEPINFER_DG_W4A16_CONFIG
-  naming a kernel-4 config, or by the impl choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`):
-  "triton" (Triton only), "auto" (CUDA when the rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the
-  kernel, Triton otherwise), "cuda" (CUDA wherever it can run: 64-token blocks above 64 rows per group);
+  DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton is not importable); or a compiled CUDA kernel for the
+  memory-bound regime (`backends/cuda/cuda_fp4_grouped.py`: "kernel 5", the persistent one, and "kernel 4"): by
+  `config=` / DEEPINFER_DG_W4A16_CONFIG naming a kernel-4 (`...cu`) or kernel-5 (`...cp`) config, or by the impl
+  choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only), "auto" (CUDA when the
+  rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the kernel: kernel 5 (`w4a16_configs.CUDA_P_BY_TN`)
+  where `_C` has it and g <= CUDA_P_MAX_GROUPS, else kernel 4; Triton otherwise), "cuda" (CUDA wherever it can
+  run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group);
 * CPU tensors -> the PyTorch reference (`reference_w4a16.py`), unless DEEPINFER_DEEP_GEMM_BACKEND=triton,
   which needs TRITON_INTERPRET=1 (the interpreter; dot operands are then upcast to fp32 automatically).
 """
@@ -22,6 +24,7 @@ from . import reference_w4a16 as ref
 from ._backend import ENV_VAR
 from ._checks import check_pair, check_same_device, check_tensor
 from ._dispatch import impl, use_triton
+from .backends.cuda import w4a16_configs as cfgs
 from .backends.cuda.w4a16_configs import CUDA_BY_TN, W4A16Config, cuda_config, parse_config, rows_per_group
 
 __all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
@@ -29,7 +32,8 @@ __all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
 IMPL_ENV = "DEEPINFER_DG_W4A16_IMPL"
 IMPL_CHOICES = ("auto", "triton", "cuda")
 # What an unset DEEPINFER_DG_W4A16_IMPL means: "auto" since the CUDA kernel passed its GPU tests and beat Triton at
-# decode sizes on the H200 (session 4, the `dg_w4a16[m8n64k256w4s4cu]` rows).
+# decode sizes on the H200 (session 4, the `dg_w4a16[m8n64k256w4s4cu]` rows; kernel 5 since session 5, the
+# `dg_w4a16[...cp]` rows: see w4a16_configs.CUDA_P_BY_TN).
 DEFAULT_IMPL = "auto"
 
 _PACKED = (torch.int8, torch.uint8)
@@ -60,10 +64,10 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
     expected_m: optional hint, the typical number of rows per group (DeepGEMM's name), used only to pick the
        kernel's row tile on the Triton path; None estimates it as ceil(m / g) from the shapes. Never read on
        the device, so any value is safe: it changes speed, not results.
-    config: optional explicit `W4A16Config` (tiles, warps, stages) for the fast path (benchmark sweeps; kernel 4
-       = the compiled CUDA kernel); None -> env DEEPINFER_DG_W4A16_CONFIG (a config name) when set, else the
-       impl choice (module docstring) and `w4a16_configs.default_config(m, g, expected_m)` /
-       `cuda_config(m, g, expected_m)`. Ignored by the reference.
+    config: optional explicit `W4A16Config` (tiles, warps, stages) for the fast path (benchmark sweeps; kernels 4
+       and 5 = the compiled CUDA kernels); None -> env DEEPINFER_DG_W4A16_CONFIG (a config name) when set, else
+       the impl choice (module docstring) and `w4a16_configs.default_config(m, g, expected_m)` /
+       `cuda_config(m, g, expected_m, kernel)`. Ignored by the reference.
     Requires k % 128 == 0 and n % 16 == 0; all tensors on one device. Accumulates in float32.
     Returns out [m, n].
     """
@@ -87,18 +91,17 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
     _impl()  # validates DEEPINFER_DG_W4A16_IMPL on every path
     if config is not None and not isinstance(config, W4A16Config):
         raise TypeError(f"config: expected a W4A16Config or None, got {type(config).__name__}")
-    if config is not None and config.kernel != 4 and k % config.block_k:  # the CUDA kernel zero-fills k tails
+    cuda_kernel = config is not None and config.kernel in (4, 5)  # the CUDA kernels zero-fill k tails
+    if config is not None and not cuda_kernel and k % config.block_k:
         raise ValueError(f"config.block_k: expected a divisor of K={k}, got {config.block_k}")
-    if config is not None and config.kernel != 4 and k % (config.block_k * config.split_k):
+    if config is not None and not cuda_kernel and k % (config.block_k * config.split_k):
         raise ValueError(f"config.split_k: expected block_k * split_k to divide K={k}, got {config.split_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if use_triton(a.device):
         cfg = _cuda_choice(a, packed, scales, g, config, expected_m)
         if cfg is not None:
-            from .backends.cuda.cuda_fp4_grouped import m_grouped_bf16_fp4_gemm_nt_contiguous_cuda
-
-            return m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(a, packed, scales, offs, out, cfg)
+            return _run_cuda(cfg, a, packed, scales, offs, out)
         from .backends.cuda.triton_fp4_grouped import m_grouped_bf16_fp4_gemm_nt_contiguous_triton
 
         return m_grouped_bf16_fp4_gemm_nt_contiguous_triton(
@@ -120,19 +123,34 @@ def _cuda_choice(
     a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, g: int, config: W4A16Config | None,
     expected_m: int | None,
 ) -> W4A16Config | None:  # fmt: skip
-    """The kernel-4 config a fast-path call runs, or None for Triton. An explicit (or env-forced) kernel-4 config
-    always runs CUDA (the wrapper raises when it cannot); otherwise the impl choice decides (metadata only)."""
+    """The CUDA (kernel 4 or 5) config a fast-path call runs, or None for Triton. An explicit (or env-forced)
+    kernel-4 / kernel-5 config always runs CUDA (the wrapper raises when it cannot); otherwise the impl choice
+    decides (metadata only: `cu.applies` reads pointers and the device, never values)."""
     forced = os.environ.get("DEEPINFER_DG_W4A16_CONFIG")
     if config is None and forced:
         config = parse_config(forced)
     if config is not None:
-        return config if config.kernel == 4 else None
+        return config if config.kernel in (4, 5) else None
     impl = _impl()
-    if impl == "triton" or not a.is_cuda or os.environ.get(ENV_VAR, "").strip().lower() == "triton":
+    if impl == "triton" or os.environ.get(ENV_VAR, "").strip().lower() == "triton":
         return None  # DEEPINFER_DEEP_GEMM_BACKEND=triton: Triton kernels only
     from .backends.cuda import cuda_fp4_grouped as cu
 
-    if not cu.applies(a, packed, scales):
+    if not cu.applies(a, packed, scales):  # False for CPU tensors, a `_C` without kernel 4, misaligned operands
         return None
-    cfg = cuda_config(a.shape[0], g, expected_m)
+    # kernel 5 where `_C` has it (a build of this tree) and its shared offs copy stays small; else kernel 4
+    kernel = cfgs.CUDA_DEFAULT_KERNEL if cu.available_p() and g <= cfgs.CUDA_P_MAX_GROUPS else 4
+    cfg = cuda_config(a.shape[0], g, expected_m, kernel=kernel)
     return CUDA_BY_TN[64] if cfg is None and impl == "cuda" else cfg
+
+
+def _run_cuda(
+    cfg: W4A16Config, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Launch the CUDA kernel of `cfg` (5: persistent, 4: one CTA per (expert, slab)) on validated operands."""
+    from .backends.cuda import cuda_fp4_grouped as cu
+
+    if cfg.kernel == 5:
+        return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, out, cfg)
+    return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(a, packed, scales, offs, out, cfg)

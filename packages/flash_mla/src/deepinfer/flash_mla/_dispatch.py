@@ -5,9 +5,11 @@
 On the Triton backend:
 
 * bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn.sparse_attn_split_triton`, which
-  runs DEFAULT_KERNELS' kernel: the compiled CUDA kernel (`cuda_sparse_decode.py`) when `_C` is built and it
-  takes the call (d = 512, both caches of one format, with or without the extra cache), else the Triton split
-  kernel (all heads per program, split-KV for few tokens); prefill and decode alike. `kernel_for` names it;
+  runs DEFAULT_KERNELS' kernel: when `_C` is built, the warp-specialised ws3 kernel (`cuda_ws_decode.py`) for
+  calls of >= WS3_MIN_TOKENS (32) query tokens without an extra cache (h % 64 == 0, d = 512), else the serial
+  CUDA kernel (`cuda_sparse_decode.py`) when it takes the call (d = 512, both caches of one format, with or without
+  the extra cache), else the Triton split kernel (all heads per program, split-KV for few tokens); prefill and
+  decode alike (decode's [b, s_q] tokens flattened: t = b * s_q). `kernel_for` names it;
 * fp32 q or an fp32 cache, no FP8 cache: `triton_sparse_attn` with fp32 dot operands (exact fp32 products);
 * fp32 mixed with an FP8 cache, or a head dim that is not a power of two >= 16: the reference.
 
@@ -54,16 +56,21 @@ def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> s
 
 
 def kernel_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
-    """The kernel a call with these tensors runs: "cuda" (the compiled sm_90a kernel), "fused" / "chunked" /
-    "deferred" (Triton split kernels), "legacy" (the older Triton kernel) or "reference". Shapes / dtypes only."""
+    """The kernel a call with these tensors (q [t, h, d], as `sparse_attn` gets it) runs: "cuda_ws3" (the
+    warp-specialised sm_90a kernel: >= WS3_MIN_TOKENS tokens, no extra cache), "cuda" (the serial sm_90a kernel),
+    "fused" / "chunked" / "deferred" (Triton split kernels), "legacy" (the older Triton kernel) or "reference".
+    Shapes / dtypes only."""
     path = route(q, kv, extra_kv)
     if path != "split":
         return path
     mod = _kernel("triton_split_attn")
+    compiled, why = mod.compiled_kernel_for(None, q, kv, extra_kv)
+    if compiled is not None:
+        return compiled
+    if why is not None:  # the default names a compiled kernel that cannot take the call
+        return "fused"
     fp8 = kv.dtype == torch.uint8 or (extra_kv is not None and extra_kv.dtype == torch.uint8)
     name = mod.DEFAULT_KERNELS["fp8" if fp8 else "bf16"]
-    if name == "cuda":
-        return "cuda" if _kernel("cuda_sparse_decode").supports(q, kv, extra_kv) is None else "fused"
     return "fused" if name == "chunked" and q.shape[-1] != 512 else name
 
 

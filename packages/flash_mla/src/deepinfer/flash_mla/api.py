@@ -1,7 +1,9 @@
 """Public flash_mla API: argument validation, then the fastest available implementation.
 
-Every op has a reference twin (`reference.py`, `kv_format.py`). Sparse attention runs a Triton kernel on CUDA
-(BF16 and FP8 caches; routing in `_dispatch.py`), the reference elsewhere; FP8 pack / unpack run the reference.
+Every op has a reference twin (`reference.py`, `kv_format.py`). Sparse attention runs a compiled sm_90a kernel on
+CUDA when `_C` is built (the warp-specialised ws3 kernel from 32 query tokens without an extra cache, else the serial
+kernel), a Triton kernel otherwise (BF16 and FP8 caches; routing in `_dispatch.py`), the reference elsewhere; FP8
+pack / unpack run the reference.
 Validation reads shapes, dtypes and devices only, never tensor values, and the Triton launchers never sync
 with the host, so each function is safe inside CUDA-graph capture.
 

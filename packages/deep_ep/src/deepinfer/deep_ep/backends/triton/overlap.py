@@ -18,6 +18,9 @@ Dispatch is two launches instead of the no-sync mode's 3 + (R - 1) + barriers:
        copy-out runs behind the peer's push instead of after a barrier);
      E pads rows past the received count (ids -1, weights 0, source -1) and its last program writes `mat`
        and the per-expert counts (as `nosync.plan` does).
+     That is the "serial" launch order (the default). `ORDERS` / `_role_pid`: "mixed" launches D's programs
+     right after A on CUDA (they wait only on A and on peers' pushes, never on a program of their own launch
+     behind them) and interleaves B and C per token block; the roles' code is the same either way.
 Combine (`combine`): after a 1-program epoch bump (ctr[1]), one launch: S sends the rows we received from
 each peer back into its combine region at their send positions (each block of rows followed by its tags;
 the last program per peer also sets our combine flag there); R sums each token in fp32 in rank order (the
@@ -55,6 +58,15 @@ NEVER = tl.constexpr(-7)  # compare value of the acquiring CAS: never equal to a
 FLAG_CNT = tl.constexpr(0)  # int64 flags at the head of the dispatch buffer: [count flags (8)]
 FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
 BIG: tl.constexpr = tl.constexpr(1 << 62)
+# program orders of the dispatch launch (`dispatch(order=...)`, `_role_pid`): "serial" (session 4: A, B, C, D,
+# E by program id, so every wait is on a role dispatched earlier: what the CPU interpreter, which runs the
+# programs one after another, needs) or "mixed" (session 5, not GPU-run yet: D's copy-out programs right after
+# A on CUDA, then B and C interleaved per token block; on CPU only the interleave, D after them)
+ORDERS = ("serial", "mixed")
+# early (spinning) copy-out programs per launch, far below what the GPU holds at once: Triton 3.6 builds this
+# kernel with 72-96 registers a thread at 4 warps and 1 KB of shared memory, i.e. >= 5 programs per SM, >= 660
+# on 132 SMs (cuobjdump of the sm_90a cubins, R = 2 and 8), so the programs that make progress always get SMs
+EARLY_MAX = 128
 
 
 def _p2(n: int) -> int:
@@ -443,23 +455,47 @@ def _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, 
 
 
 @triton.jit
+def _role_pid(pid, n_push, n_self, n_early, mix, R: tl.constexpr):
+    """The program id of the serial order (A, B..., C..., D..., E...) that program `pid` plays.
+
+    mix == 0 and n_early == 0: pid itself (the session-4 order). Otherwise (`ORDERS["mixed"]`): after A, the
+    first n_early programs are copy-out programs D (they then sit on SMs waiting for tags, so the copy-out
+    follows the peer's push from its start instead of getting SMs only once every push and own-block program
+    was dispatched), then, with mix, the pushes and own-block copies interleaved per token block (R - 1 pushes,
+    one per peer, then the block's own copy: NVLink-bound and HBM-bound work side by side), then the rest of D
+    (n_recv - n_early programs), E unchanged. All int32 arithmetic (one type in every branch)."""
+    u = pid - 1 - n_early  # place among the push / own-block programs
+    g = u // R
+    p = u % R
+    mixed = tl.where(p < R - 1, 1 + p * n_self + g, 1 + n_push + g)
+    mid = tl.where(mix != 0, mixed, 1 + u)
+    v = tl.where((pid >= 1) & (pid < 1 + n_early), n_push + n_self + pid, mid)
+    return tl.where((pid == 0) | (pid >= 1 + n_early + n_push + n_self), pid, v)
+
+
+@triton.jit
 def _dispatch_kernel(
     peers32, peers64, me32, me64, ctr, done, lpos, bcnt, bstat, bexp,
     x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat, counts,
     rank, t, k, nb, cap, per_rank, num_experts, align, cnt0, rw, par, ox0, ox1, oid, oww, osr, otag0, tpar, w0, w1,
-    sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, spin_limit,
+    sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, n_early, spin_limit,
     NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
     BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr, BE: tl.constexpr, EP: tl.constexpr, NCBP: tl.constexpr,
+    MIXED: tl.constexpr,
 ):  # fmt: skip
-    # Roles by program id (see the module docstring); the runtime if/else chain only calls helpers (Triton
-    # 3.6 rejects a name typed differently in two branches), each helper derives its own indices.
-    pid = tl.program_id(0)
+    # Roles by program id (see the module docstring; `_role_pid` maps the launch order onto them); the runtime
+    # if/else chain only calls helpers (Triton 3.6 rejects a name typed differently in two branches), each
+    # helper derives its own indices.
     ep = tl.load(ctr).to(tl.int64)
     cnt_at = cnt0 + (ep % 2) * R * rw  # this parity's count area (int64 words)
     otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
     n_push = (R - 1) * nbt * ncb
     n_self = nbt * ncb
     n_recv = (R - 1) * nper
+    if MIXED:  # compile-time: the serial order's code is the session-4 kernel's
+        pid = _role_pid(tl.program_id(0), n_push, n_self, n_early, 1, R)
+    else:
+        pid = tl.program_id(0)
     if pid == 0:
         _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
                       sig0, sig1, sig2, sig3, sig4, ep, R, RP, NBP, BE)  # fmt: skip
@@ -487,8 +523,8 @@ def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch
              lpos: torch.Tensor, scratch: dict[str, torch.Tensor], xs: list[torch.Tensor], idx: torch.Tensor,
              wts: torch.Tensor, handle: tuple[torch.Tensor, torch.Tensor], outs: list[torch.Tensor],
              meta_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], mat: torch.Tensor, counts: torch.Tensor,
-             num_experts: int, align: int, sig: list[int], spin_limit: int) -> None:  # fmt: skip
-    """The overlapped dispatch launch (roles A..E, see the module docstring).
+             num_experts: int, align: int, sig: list[int], spin_limit: int, order: str = "serial") -> None:  # fmt: skip
+    """The overlapped dispatch launch (roles A..E, see the module docstring), programs in `order` (`ORDERS`).
 
     bufs: every rank's uint8 buffer (this rank's included); lay: `_overlap.DispatchLayout`; xs: 1 or 2 payload
     fields as int32 words [t, w]; outs: the payload outputs int32 [W, w]; meta_out: (ids int64 [W, k],
@@ -505,7 +541,13 @@ def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch
     o0, o1 = outs[0], outs[-1]
     width = max(x0.shape[1], x1.shape[1])
     nb, nbt, ncb = num_blocks(t), max(1, triton.cdiv(t, BLOCK_T)), triton.cdiv(width, BLOCK_W)
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {sorted(ORDERS)}, got {order!r}")
     nper = npad = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
+    n_early, mixed = 0, order == "mixed"
+    if mixed and bufs[rank].device.type == "cuda":  # early copy-out programs: at most EARLY_MAX spinning ones
+        nper = max(1, min(nper, EARLY_MAX // (world - 1)))
+        n_early = (world - 1) * nper
     grid = 1 + (world - 1) * nbt * ncb + nbt * ncb + (world - 1) * nper + npad + 1
     oidx, ow, osrc = meta_out
     per_rank = num_experts // world
@@ -514,9 +556,9 @@ def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch
         scratch["bcnt"], scratch["bstat"], scratch["bexp"], x0, x1, idx, wts, handle[0], handle[1], o0, o1,
         oidx, ow, osrc, oidx.view(torch.int32), ow.view(torch.int32), osrc.view(torch.int32), mat, counts,
         rank, t, k, nb, cap, per_rank, num_experts, align, lay.cnt, lay.rw, lay.par, lay.x0, lay.x1, lay.ids,
-        lay.wts, lay.src, lay.tags, lay.tpar, x0.shape[1], x1.shape[1], *sig, nbt, ncb, nper, npad, spin_limit,
+        lay.wts, lay.src, lay.tags, lay.tpar, x0.shape[1], x1.shape[1], *sig, nbt, ncb, nper, npad, n_early, spin_limit,
         NX=len(xs), R=world, RP=_p2(world), NBP=min(_p2(nb), 128), BT=BLOCK_T, BW=BLOCK_W, BK=_p2(k),
-        LBT=LAYOUT_BT, BE=256, EP=_p2(per_rank), NCBP=_p2(ncb),
+        LBT=LAYOUT_BT, BE=256, EP=_p2(per_rank), NCBP=_p2(ncb), MIXED=mixed,
     )  # fmt: skip
     if ncb != lay.ncb:
         raise ValueError(f"lay: laid out for {lay.ncb} column blocks of tags, the payload needs {ncb}")

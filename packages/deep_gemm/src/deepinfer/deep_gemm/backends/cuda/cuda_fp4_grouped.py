@@ -1,4 +1,5 @@
-"""Compiled CUDA W4A16 M-grouped GEMM ("kernel 4" of `W4A16Config`): the memory-bound regime, <= 64 rows per group.
+"""Compiled CUDA W4A16 M-grouped GEMMs ("kernel 4" and its persistent variant "kernel 5" of `W4A16Config`): the
+memory-bound regime (kernel 4: <= 64 rows per group; kernel 5, the API's default up to 16: 8 / 16-token blocks).
 
 Kernel: `csrc/cuda/dg_fp4_grouped.cuh` (built into `deepinfer.deep_gemm._C` by DEEPINFER_DEVICE=cuda builds; no
 CUTLASS needed). Swap-AB mma.sync.m16n8k16 bf16 GEMV-GEMM in the style of Marlin: one CTA per (expert, block_n
@@ -124,8 +125,8 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(
     return _launch(mod.fp4_w4a16_grouped, variant, a, packed, scales, offs, out)
 
 
-# ---- kernel 5: the persistent variant (csrc/cuda/dg_fp4_persistent.cuh), prepared in session 4 and not GPU-run yet.
-# Not routed by the API (api_w4a16 sends only kernel-4 configs to CUDA): the benchmark and the tests call it here.
+# ---- kernel 5: the persistent variant (csrc/cuda/dg_fp4_persistent.cuh); GPU-run in session 5 and since then the
+# API's default up to CUDA_MAX_ROWS rows per group (api_w4a16._cuda_choice, w4a16_configs.CUDA_P_BY_TN).
 
 
 def available_p() -> bool:

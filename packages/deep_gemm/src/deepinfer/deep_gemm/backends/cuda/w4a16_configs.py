@@ -21,7 +21,7 @@ import re
 __all__ = [
     "W4A16Config", "DECODE", "PREFILL", "PREFILL_256", "V3_DECODE", "SWEEP", "default_config", "parse_config",
     "rows_per_group", "CUDA_VARIANTS", "CUDA_MAX_ROWS", "CUDA_SWEEP", "cuda_config", "cuda_variant",
-    "CUDA_P_VARIANTS", "CUDA_P_SWEEP", "cuda_p_variant",
+    "CUDA_P_VARIANTS", "CUDA_P_SWEEP", "cuda_p_variant", "CUDA_P_BY_TN", "CUDA_DEFAULT_KERNEL", "CUDA_P_MAX_GROUPS",
 ]  # fmt: skip
 
 
@@ -33,9 +33,9 @@ class W4A16Config:
     `triton_fp4_grouped_v3.py` (decode: fewer dequant ops per weight, optional split-K), 4 = the compiled CUDA
     kernel (`csrc/cuda/dg_fp4_grouped.cuh` via `cuda_fp4_grouped.py`: block_m = tokens per block, 8..64;
     block_n = rows per CTA = num_warps * 16 * (1 or 2); block_k must be 256; one of `CUDA_VARIANTS`), 5 = its
-    persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, same wrapper module, not routed by the API yet: call
-    `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; block_k = k per stage, 256 or 512; one of
-    `CUDA_P_VARIANTS`; names end in `cp`).
+    persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, same wrapper module,
+    `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; the API's default up to CUDA_MAX_ROWS rows
+    per group; block_k = k per stage, 256 or 512; one of `CUDA_P_VARIANTS`; names end in `cp`).
     Kernel 3 only: fold = one multiply by 2^(s-1) per two weights (exact for scale bytes <= 128 only, see
     the kernel's docstring); split_k in {1, 2, 4, 8} = k splits with fp32 partials and a reduce kernel."""
 
@@ -210,23 +210,30 @@ CUDA_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
 }
 
 
-def cuda_config(m: int, g: int, expected_m: int | None = None) -> W4A16Config | None:
+def cuda_config(m: int, g: int, expected_m: int | None = None, kernel: int | None = None) -> W4A16Config | None:
     """The CUDA kernel's config for a grouped GEMM of m rows over g groups (metadata only), or None when the rows
     per group estimate is above CUDA_MAX_ROWS (the Triton tiles serve those). Tokens per block = the smallest of
-    8 / 16 / 32 / 64 covering the estimate (a group with more rows streams its weights once per block)."""
+    8 / 16 / 32 / 64 covering the estimate (a group with more rows streams its weights once per block).
+    kernel: 5 (`CUDA_P_BY_TN`, the persistent kernel) or 4 (`CUDA_BY_TN`); None = CUDA_DEFAULT_KERNEL. The API
+    passes 4 when `_C` lacks kernel 5 or g > CUDA_P_MAX_GROUPS."""
+    kernel = CUDA_DEFAULT_KERNEL if kernel is None else kernel
+    if kernel not in (4, 5):
+        raise ValueError(f"kernel: expected 4 or 5 (the CUDA kernels), got {kernel!r}")
     rows = rows_per_group(m, g, expected_m)
     if rows > CUDA_MAX_ROWS:
         return None
     tn = next(t for t in (8, 16, 32, 64) if rows <= t)
-    return CUDA_BY_TN[tn]
+    return CUDA_P_BY_TN[tn] if kernel == 5 else CUDA_BY_TN[tn]
 
 
-# ---- kernel 5: the persistent CUDA variant (csrc/cuda/dg_fp4_persistent.cuh), prepared in session 4, not GPU-run yet
+# ---- kernel 5: the persistent CUDA variant (csrc/cuda/dg_fp4_persistent.cuh), the API's default up to CUDA_MAX_ROWS
 # (kt, tn, warps, rt, stages): k per stage, tokens per block, warps per CTA, 16-row MMA tiles per warp, stages. Keep
 # in sync with kPEntries in csrc/cuda/dg_fp4_persistent.cu and the emulator driver (a test compares them).
 CUDA_P_VARIANTS: tuple[tuple[int, int, int, int, int], ...] = (
     (256, 8, 4, 1, 4), (512, 8, 4, 1, 2), (512, 8, 8, 1, 2), (256, 8, 4, 2, 3), (512, 8, 4, 2, 2), (256, 8, 4, 1, 3),
     (256, 16, 4, 1, 4), (512, 16, 4, 1, 2),
+    # 32 / 64 tokens per block for ~64 rows per group (session-5 stretch, benchmark rows only; no default uses them)
+    (256, 32, 4, 1, 4), (256, 32, 4, 2, 3), (512, 32, 8, 1, 2), (256, 64, 8, 1, 3),
 )  # fmt: skip
 CUDA_P_NAMES = tuple(f"m{t}n{w * r * 16}k{kt}w{w}s{s}cp" for kt, t, w, r, s in CUDA_P_VARIANTS)
 
@@ -245,5 +252,24 @@ def _cp(kt: int, tn: int, warps: int, rt: int, stages: int) -> W4A16Config:
 
 # What the benchmark times next to kernel 4 per tokens-per-block (every one is also a `gpu` test).
 CUDA_P_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
-    tn: tuple(_cp(*v) for v in CUDA_P_VARIANTS if v[1] == tn) for tn in (8, 16)
+    tn: tuple(_cp(*v) for v in CUDA_P_VARIANTS if v[1] == tn) for tn in (8, 16, 32, 64)
 }
+
+
+# The API's kernel-5 config per tokens-per-block (`cuda_config`). Session 5 H200 run (build/s5/r1, 256 experts,
+# n 4096, k 4096 / 2048, `dg_w4a16[...cp]` rows): m8n128k512w4s2cp was the fastest kernel-5 config on all four
+# gate+up cases (decode b4 / b32 / b256, 8 tokens per expert: 70.7 / 316.0 / 760.7 / 674.9 us, 5-12 % ahead of the
+# next config) and on down at decode b32 / b256 (168.9 / 382.5 us); at decode b4 down it is 2.7 % behind
+# m8n64k512w4s2cp (42.2 vs 41.1 us) and at 8 tokens per expert down 0.6 % behind m8n128k256w4s3cp (344.0 vs 341.9):
+# within the run's repeatability, so one config for both weights. Against kernel 4's m8n64k256w4s4cu (the
+# previous default) it is 1.46-1.56x faster on all 8 cases. 16-token blocks (9-16 rows per group, not measured
+# there): m16n64k512w4s2cp, faster than m16n64k256w4s4cp on all 8 (decode-sized) cases of that run.
+CUDA_P_BY_TN: dict[int, W4A16Config] = {8: _cp(512, 8, 4, 2, 2), 16: _cp(512, 16, 4, 1, 2)}
+# Which CUDA kernel `cuda_config` (and so the API's auto choice up to CUDA_MAX_ROWS) picks: 5 since the session-5
+# run above; 4 restores kernel 4's CUDA_BY_TN (kernel 4 also stays reachable by name, e.g. config=
+# parse_config("m8n64k256w4s4cu") or DEEPINFER_DG_W4A16_CONFIG=m8n64k256w4s4cu).
+CUDA_DEFAULT_KERNEL = 5
+# Kernel 5 keeps a copy of offs and the active-expert list in shared memory (8 bytes per group): up to 1024 groups
+# the CTAs per SM of CUDA_P_BY_TN stay what the sm_90a build planned (2 of m8n128k512w4s2cp, 3 of
+# m16n64k512w4s2cp); above, the API runs kernel 4 (whose shared memory does not grow with g).
+CUDA_P_MAX_GROUPS = 1024

@@ -5,8 +5,9 @@ Same math, arguments, results and split-KV format as `cuda_sparse_decode.py` (th
 the kernel differs inside a CTA (design notes at the top of the .cu file): a producer warpgroup gathers 32-row
 tiles into a 4-stage shared-memory ring (FP8 rows dequantised to bf16 by the producer), two consumer warpgroups run
 only wgmma and the softmax, scores split over d, P in registers, P @ V of tile i overlapping the scores and softmax of
-tile i + 1. Not the default: `sparse_attn_ws` is called directly (the benchmark's `cuda_ws` / `cuda_ws_fp8` rows);
-the package README says how the API would route to it.
+tile i + 1. ws3 is the API default for calls of at least `WS3_MIN_TOKENS` query tokens without an extra cache
+(`triton_split_attn.sparse_attn_split_triton(kernel=None)` asks `ws3_default_for`; kernel="cuda_ws3" forces it);
+ws / ws2 run only when called directly (the benchmark's `cuda_ws[2][_fp8]` rows, `--all-variants`).
 
 Variants (`variant=`; ws / ws2 from one source by template flags): "ws" the first version; "ws2" the producer signals
 a BF16 tile with cp.async.mbarrier.arrive when its rows land (ws signals tile j only after the consumers released
@@ -14,7 +15,7 @@ tile j - 2: a producer round trip on the critical path of every tile) and FP8 ro
 same loads (one memory round trip per tile instead of two); "ws3" (`csrc/cuda/fm_ws3_decode.cu`, a separate source:
 64-row tiles, each consumer warpgroup scores half the keys of a tile over all 512 dims as the serial kernel does, so
 only the row max and P (through shared memory) are exchanged; a 2-stage ring of 64-row tiles, the next tile's rows
-prefetched into L2; FP8 loads issued before the stage wait; prepared in session 4, not yet GPU-run). `ablation=`
+prefetched into L2; FP8 loads issued before the stage wait; prepared in session 4, measured in session 5). `ablation=`
 (timing only, WRONG results): "producer" (consumers only hand tiles back: the gather / dequant rate), "consumer" (no
 gather after tile 0: the compute rate), "no_xchg" (no partial-S exchange), "qk_only" / "pv_only" (only the score /
 only the P @ V wgmma), "no_softmax" (S packed to bf16 as P: no max / exp / row sums); ws3 has "producer" and
@@ -53,6 +54,9 @@ __all__ = [
     "sparse_attn_ws",
     "split_plan",
     "supports",
+    "ws3_available",
+    "ws3_default_for",
+    "ws3_why_not",
 ]
 
 BLOCK_H, HEAD_DIM = 64, 512
@@ -64,6 +68,15 @@ VARIANTS = {"ws": 1, "ws2": 2, "ws3": 3}  # name -> the binding's variant code (
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
 _WS3_ABLATIONS = ("full", "producer", "consumer")
+# The API default (`sparse_attn_split_triton(kernel=None)` with DEFAULT_KERNELS "cuda") runs ws3 instead of the serial
+# kernel for a call without an extra cache of at least this many query tokens (t = b * s_q, or prefill's t).
+# Session 5 H200 run (benchmarks/results/2026-11-30-s5-bench-flash_mla.json; us, ws3 vs serial, BF16 / FP8 cache):
+# ws3 wins from 32 tokens up: b 32 s_q 1 24.8 vs 27.8 / 28.5 vs 33.2; b 128 s_q 2 87.6 vs 92.4 / 115.5 vs 133.2;
+# b 256 s_q 4 318.0 vs 338.9 / 434.0 vs 503.3; prefill t 4,096 1,188 vs 1,288, t 16,384 4,613 vs 5,002; HCA 1M b 32
+# 119.1 vs 132.5. The serial kernel wins at 1..4 tokens: b 2 s_q 2 14.5 vs 15.6 / 16.2 vs 19.3; b 1 s_q 4 14.3 vs
+# 15.5; HCA 1M b 1 31.7 vs 33.6 (its plan: fine splits + the PDL merge; ws3 has the Triton combine). Between 4 and
+# 32 tokens nothing was measured, so the serial kernel keeps that range.
+WS3_MIN_TOKENS = 32
 
 
 def ablations_of(variant: str) -> tuple[str, ...]:
@@ -101,6 +114,31 @@ def supports(q: torch.Tensor, kv: torch.Tensor) -> str | None:
     if kv.dtype != torch.bfloat16 or kv.shape[-1] != HEAD_DIM:
         return f"kv: expected bf16 [..., {HEAD_DIM}] or uint8 [..., {FP8_ROW_BYTES}], got {kv.dtype} {tuple(kv.shape)}"
     return None
+
+
+def ws3_available() -> bool:
+    """True when `_C` has the ws3 kernel (`ws3_block_rows`); a `_C` built before ws3 has sparse_decode_ws without it."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "ws3_block_rows")
+
+
+def ws3_why_not(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None = None) -> str | None:
+    """None when `sparse_attn_ws(..., variant="ws3")` takes this call (shapes / dtypes / device only), else why not:
+    `supports`' reasons, an extra cache (ws3 reads one index list), a `_C` without ws3."""
+    why = supports(q, kv)
+    if why is not None:
+        return why
+    if extra_kv is not None:
+        return "extra_kv: ws3 reads one cache and one index list (no extra cache)"
+    if not ws3_available():
+        return "deepinfer.flash_mla._C has no ws3 kernel (built before ws3: rebuild)"
+    return None
+
+
+def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None = None) -> bool:
+    """Whether the API default runs ws3 for this call: at least `WS3_MIN_TOKENS` query tokens (q [t, h, 512]) and
+    `ws3_why_not` is None. Shapes / dtypes only (CUDA-graph safe)."""
+    return q.dim() == 3 and q.shape[0] >= WS3_MIN_TOKENS and ws3_why_not(q, kv, extra_kv) is None
 
 
 def split_plan(

@@ -60,7 +60,15 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["DEFAULT_KERNELS", "KERNELS", "default_split_config", "plan_num_splits", "sparse_attn_split_triton"]
+__all__ = [
+    "COMPILED_KERNELS",
+    "DEFAULT_KERNELS",
+    "KERNELS",
+    "compiled_kernel_for",
+    "default_split_config",
+    "plan_num_splits",
+    "sparse_attn_split_triton",
+]
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -392,9 +400,11 @@ def _buffers(
 _STAGES_CAP: dict[tuple, int] = {}
 
 
-# sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred, and the
-# compiled sm_90a kernel (cuda_sparse_decode.py; needs _C, bf16 q, d = 512, an extra cache of the main one's format)
-KERNELS = ("fused", "chunked", "deferred", "cuda")
+# sparse_attn_split_triton(kernel=...): this module's kernel, triton_split_chunked, triton_split_deferred, the
+# compiled serial sm_90a kernel (cuda_sparse_decode.py; needs _C, bf16 q, d = 512, an extra cache of the main one's
+# format) and the warp-specialised ws3 kernel (cuda_ws_decode.py; also h % 64 == 0 and no extra cache)
+KERNELS = ("fused", "chunked", "deferred", "cuda", "cuda_ws3")
+COMPILED_KERNELS = ("cuda", "cuda_ws3")
 
 
 def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
@@ -412,10 +422,37 @@ def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
 
 
 # The kernel `sparse_attn_split_triton(kernel=None)` runs, per cache format ("fp8": any FP8 cache involved).
-# "cuda" (the sm_90a wgmma kernel of csrc/cuda) passed its H200 tests and beat every Triton kernel at every decode
-# shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2); it falls back to
-# "fused" for a call it cannot take (no _C, q not bf16, d != 512, an extra cache of the other format).
+# "cuda" (the sm_90a wgmma kernels of csrc/cuda) passed its H200 tests and beat every Triton kernel at every decode
+# shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2). As a default it
+# means: ws3 (`cuda_ws_decode.ws3_default_for`: >= WS3_MIN_TOKENS tokens, no extra cache; faster there in session 5),
+# else the serial kernel, else "fused" for a call neither takes (no _C, q not bf16, d != 512, mixed cache formats).
+# "cuda_ws3" as a default: ws3 wherever it takes the call (any token count), else the same fallbacks.
 DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
+
+
+def compiled_kernel_for(
+    kernel: str | None, q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None, *, tuned: bool = False
+) -> tuple[str | None, str | None]:
+    """(compiled kernel that runs the call: "cuda_ws3" / "cuda" / None for a Triton kernel, why the named compiled
+    kernel cannot run it or None). kernel: the call's argument (None: DEFAULT_KERNELS); tuned: the call passes
+    config / dot_fp32 (Triton-only options). A forced kernel (kernel="cuda" / "cuda_ws3") is never swapped for
+    another; the caller raises with the reason. Shapes / dtypes only."""
+    fp8_any = kv.dtype == torch.uint8 or (extra_kv is not None and extra_kv.dtype == torch.uint8)
+    name = kernel if kernel is not None else DEFAULT_KERNELS["fp8" if fp8_any else "bf16"]
+    if name not in COMPILED_KERNELS:
+        return None, None
+    from . import cuda_sparse_decode as cu  # both import this module: import here, not on top
+    from . import cuda_ws_decode as ws
+
+    tuned_why = "config / dot_fp32 do not apply" if tuned else None
+    if name == "cuda_ws3":
+        why = ws.ws3_why_not(q, kv, extra_kv) or tuned_why
+        if why is None or kernel is not None:
+            return ("cuda_ws3" if why is None else None), why
+    elif kernel is None and tuned_why is None and ws.ws3_default_for(q, kv, extra_kv):
+        return "cuda_ws3", None
+    why = cu.supports(q, kv, extra_kv) or tuned_why
+    return ("cuda" if why is None else None), why
 
 
 def _pick_kernel(kernel: str | None, d: int, fp8: bool) -> str:
@@ -508,11 +545,14 @@ def sparse_attn_split_triton(
         kernel: None (DEFAULT_KERNELS for the cache format: "cuda", else "fused"), "fused" (this module's kernel),
             "chunked" (`triton_split_chunked.py`: the tile in eight 64-dim chunks, FP8 scales applied per chunk;
             d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
-            across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled sm_90a wgmma kernel; bf16 q,
-            d = 512, both caches of one format; raises otherwise). Same results up to rounding.
-        cuda_plan, cuda_merge, cuda_prefetch: the CUDA kernel's split plan / partial merge / L2 prefetch
+            across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled serial sm_90a wgmma kernel; bf16
+            q, d = 512, both caches of one format; raises otherwise) or "cuda_ws3" (`cuda_ws_decode.py`, variant
+            ws3: the warp-specialised kernel; bf16 q, h % 64 == 0, d = 512, no extra cache; raises otherwise).
+            None on CUDA: ws3 for >= `cuda_ws_decode.WS3_MIN_TOKENS` tokens without an extra cache, else the
+            serial kernel (`compiled_kernel_for`). Same results up to rounding.
+        cuda_plan, cuda_merge, cuda_prefetch: the serial CUDA kernel's split plan / partial merge / L2 prefetch
             (`cuda_sparse_decode.PLANS` / `MERGES`, `sparse_attn_cuda(prefetch=)`; None: its DEFAULT_OPTIONS);
-            ignored when another kernel runs.
+            ignored when another kernel runs (ws3: the serial kernel's default split plan, Triton combine).
     """
     if q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"q: expected bf16/fp32 [t, h, d], got {q.dtype} {tuple(q.shape)}")
@@ -523,20 +563,25 @@ def sparse_attn_split_triton(
         raise ValueError("extra_kv and extra_indices must be given together")
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
-    fp8_any = kv.dtype == torch.uint8 or (extra_kv is not None and extra_kv.dtype == torch.uint8)
-    if (kernel if kernel is not None else DEFAULT_KERNELS["fp8" if fp8_any else "bf16"]) == "cuda":
-        from . import cuda_sparse_decode as cu  # imports this module: import here, not on top
+    compiled, why = compiled_kernel_for(kernel, q, kv, extra_kv, tuned=bool(config or dot_fp32))
+    if compiled == "cuda_ws3":
+        from . import cuda_ws_decode as ws
 
-        why = cu.supports(q, kv, extra_kv) or ("config / dot_fp32 do not apply" if config or dot_fp32 else None)
-        if why is None:
-            return cu.sparse_attn_cuda(
-                q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits,
-                extra_kv=extra_kv, extra_indices=extra_indices, plan=cuda_plan, merge=cuda_merge,
-                prefetch=cuda_prefetch,
-            )  # fmt: skip
-        if kernel == "cuda":
-            raise ValueError(f"kernel='cuda' cannot run this call: {why}")
-        kernel = "fused"  # the default names the CUDA kernel but this call does not fit it
+        return ws.sparse_attn_ws(
+            q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits, variant="ws3"
+        )
+    if compiled == "cuda":
+        from . import cuda_sparse_decode as cu
+
+        return cu.sparse_attn_cuda(
+            q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits,
+            extra_kv=extra_kv, extra_indices=extra_indices, plan=cuda_plan, merge=cuda_merge,
+            prefetch=cuda_prefetch,
+        )  # fmt: skip
+    if kernel in COMPILED_KERNELS:
+        raise ValueError(f"kernel={kernel!r} cannot run this call: {why}")
+    if kernel is None and why is not None:
+        kernel = "fused"  # the default names a compiled kernel but this call fits neither
     kv_f, kv_fp8 = _cache_rows("kv", kv, d)
     idx = _index_rows("indices", indices, t)
     has_extra = extra_kv is not None and extra_indices is not None

@@ -7,7 +7,10 @@
   `triton_norm`), rounded to kv.dtype; RoPE of the last rope_dim dims as interleaved pairs (fp fusion off, the
   reference's roundings, see `triton_rope`), rounded to kv.dtype; the FP8 quant-dequant of the other dims in
   blocks (bit-exact `triton_quant` math); the row written into a cache at rows[i] (the paged write), or a new
-  tensor. A program takes BLOCK_T tokens (8 at d = 512); the rows live in registers.
+  tensor. A program takes BLOCK_T tokens (1 at d = 512, one warp); the rows live in registers. Benchmark config
+  `blocks_per_program` (not the default): `_kv_fused_loop_kernel`, where a program takes several such blocks and
+  loads the next one's rows before working on the current one (the default's 1 KB row per 1-warp program leaves
+  too few bytes in flight per SM: 47.8 % of copy on the H200), with the same bits.
 Both round to the activation dtype between steps exactly where the unfused reference does, so the only
 differences from the reference are those of the single kernels (fp32 reduction order, exp accuracy), which can
 move a value by one bf16 ulp before the quantiser. No host sync (CUDA-graph safe); blocks from shapes only.
@@ -31,6 +34,10 @@ KV_TARGET_PROGRAMS = 512
 # 36.7 for 8 / 8, bit-identical; the 16 MB op is launch / tail bound, and small programs spread it over the SMs
 # in finer steps)
 KV_TILE_ELEMS = 512
+# register cap of `_kv_fused_loop_kernel` on a GPU (0: none): an SM holds at most 32 programs, and 32 one-warp
+# programs fit its 64K registers at <= 64 a thread (CUDA 13.0 ptxas -v of Triton 3.9's PTX, sm_90a, V4 shapes:
+# 71 uncapped, 64 capped without spills; the default kernel: 63)
+KV_LOOP_MAXNREG = 64
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
@@ -89,44 +96,41 @@ def _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk):
 
 
 @triton.jit
-def _kv_fused_kernel(
-    kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
-    T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
-    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, EARLY_CS: tl.constexpr,
-):  # fmt: skip
-    """kv [T, d] strided, weight [d], cos/sin [T, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns).
+def _kv_norm(x, w, d, eps, dt: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr):
+    """RMSNorm of fp32 rows x [BT, BD] with weight w [BD] (triton_norm's order), rounded to dt (as fp32)."""
+    ms = tl.sum(x * x, axis=1) / d  # [BT], triton_norm's order
+    r = 1.0 / tl.sqrt(ms + eps)
+    return _round_act(w[None, :] * (x * r[:, None]), dt, IS_BF16, HW_CAST)
 
-    BLOCK_T tokens per program as a [BLOCK_T, BLOCK_D] tile (one token per program left a 1 KB row and two warps
-    per program at V4's d = 512: latency-bound at a third of the copy bandwidth). EARLY_CS issues the cos / sin
-    loads with kv's (otherwise after the norm's cross-warp reduction: a second DRAM round trip per program) at
-    the cost of holding them in registers through the norm; same arithmetic, same bits.
-    """
-    t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
-    tok = t0 + tl.arange(0, BLOCK_T)  # [BT]
+
+@triton.jit
+def _pairs(y, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """y [BT, BD] -> its pairs (2k, 2k + 1) as two [BT, BD / 2] tensors."""
+    return tl.split(tl.reshape(y, [BLOCK_T, BLOCK_D // 2, 2]))
+
+
+@triton.jit
+def _kv_rope(a, b, c, s, kr, dt: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr,
+             HW_CAST: tl.constexpr):  # fmt: skip
+    """Rotate the pairs (a, b) [BT, BD / 2] where kr (rope pairs) by cos / sin c, s [BT, BD / 2]; each result
+    rounded to dt (fp fusion off: the reference's roundings); returns the rows [BT, BD]."""
+    ra = _round_act(tl.where(kr[None, :], a * c - b * s, a), dt, IS_BF16, HW_CAST)
+    rb = _round_act(tl.where(kr[None, :], a * s + b * c, b), dt, IS_BF16, HW_CAST)
+    return tl.reshape(tl.join(ra, rb), [BLOCK_T, BLOCK_D])
+
+
+@triton.jit
+def _kv_store(
+    y, t0, T, d, out_ptr, rows_ptr, sor, inv_max,
+    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, HW_CAST: tl.constexpr,
+):  # fmt: skip
+    """Write the entries y [BT, BD] of tokens t0 .. t0 + BT - 1 (< T) to out[rows[token]] (or out[token]): the rope
+    dims as they are, the first NOPE dims FP8 quant-dequantised in blocks of QB (QUANT) or as they are."""
+    tok = t0 + tl.arange(0, BLOCK_T)
     tmask = tok < T
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < d
-    x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & cmask[None, :], other=0.0).to(
-        tl.float32
-    )
-    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
-    kr = (k >= 0) & (k < (d - NOPE) // 2)
-    kk = tl.maximum(k, 0)
-    km = tmask[:, None] & kr[None, :]
-    if EARLY_CS:
-        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
-    w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
-    ms = tl.sum(x * x, axis=1) / d  # [BT], triton_norm's order
-    r = 1.0 / tl.sqrt(ms + eps)
-    dt = kv_ptr.dtype.element_ty
-    y = _round_act(w[None, :] * (x * r[:, None]), dt, IS_BF16, HW_CAST)
-    a, b = tl.split(tl.reshape(y, [BLOCK_T, BLOCK_D // 2, 2]))  # pairs (2k, 2k + 1): [BT, BD / 2] each
-    if not EARLY_CS:
-        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
-    ra = _round_act(tl.where(kr[None, :], a * c - b * s, a), dt, IS_BF16, HW_CAST)
-    rb = _round_act(tl.where(kr[None, :], a * s + b * c, b), dt, IS_BF16, HW_CAST)
-    y = tl.reshape(tl.join(ra, rb), [BLOCK_T, BLOCK_D])
     if HAS_ROWS:
         orow = tl.load(rows_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     else:
@@ -161,6 +165,94 @@ def _kv_fused_kernel(
         )
     else:
         tl.store(dst[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=ok[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _kv_fused_kernel(
+    kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
+    T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
+    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, EARLY_CS: tl.constexpr,
+):  # fmt: skip
+    """kv [T, d] strided, weight [d], cos/sin [T, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns).
+
+    BLOCK_T tokens per program as a [BLOCK_T, BLOCK_D] tile (one token per program left a 1 KB row and two warps
+    per program at V4's d = 512: latency-bound at a third of the copy bandwidth). EARLY_CS issues the cos / sin
+    loads with kv's (otherwise after the norm's cross-warp reduction: a second DRAM round trip per program) at
+    the cost of holding them in registers through the norm; same arithmetic, same bits.
+    """
+    t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
+    tok = t0 + tl.arange(0, BLOCK_T)  # [BT]
+    tmask = tok < T
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < d
+    x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & cmask[None, :], other=0.0).to(
+        tl.float32
+    )
+    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2  # pair index inside the rope region
+    kr = (k >= 0) & (k < (d - NOPE) // 2)
+    kk = tl.maximum(k, 0)
+    km = tmask[:, None] & kr[None, :]
+    if EARLY_CS:
+        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
+    w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
+    dt = kv_ptr.dtype.element_ty
+    a, b = _pairs(_kv_norm(x, w, d, eps, dt, IS_BF16, HW_CAST), BLOCK_T, BLOCK_D)
+    if not EARLY_CS:
+        c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
+    y = _kv_rope(a, b, c, s, kr, dt, BLOCK_T, BLOCK_D, IS_BF16, HW_CAST)
+    _kv_store(y, t0, T, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST)
+
+
+@triton.jit
+def _kv_load(kv_ptr, cos_ptr, sin_ptr, t0, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE: tl.constexpr,
+             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Tokens t0 .. t0 + BT - 1 (those < t_end): kv rows [BT, BD] in kv's dtype and cos, sin [BT, BD / 2] fp32."""
+    tok = t0 + tl.arange(0, BLOCK_T)
+    tmask = tok < t_end
+    cols = tl.arange(0, BLOCK_D)
+    x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & (cols < d)[None, :], other=0.0)
+    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2
+    kr = (k >= 0) & (k < (d - NOPE) // 2)
+    c, s = _cos_sin(cos_ptr, sin_ptr, tok, tl.maximum(k, 0), tmask[:, None] & kr[None, :], sct, sck, sst, ssk)
+    return x, c, s
+
+
+@triton.jit
+def _kv_fused_loop_kernel(
+    kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
+    T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
+    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """`_kv_fused_kernel`'s contract and math, but program p takes BLOCKS blocks of BLOCK_T tokens one after the
+    other and loads block i + 1's kv / cos / sin before block i's norm, RoPE, quantiser and stores (a prefetch in
+    registers): its next rows are in flight while it computes, where a one-block program's only load waits alone.
+    The weight is loaded once per program. Same per-row operations in the same order as `_kv_fused_kernel` with
+    the same BLOCK_T / warps, so the same bits.
+    """
+    t_lo = tl.program_id(0).to(tl.int64) * (BLOCKS * BLOCK_T)
+    t_end = tl.minimum(t_lo + BLOCKS * BLOCK_T, T)  # this program's last token + 1
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < d
+    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2
+    kr = (k >= 0) & (k < (d - NOPE) // 2)
+    w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
+    dt = kv_ptr.dtype.element_ty
+    x, c, s = _kv_load(kv_ptr, cos_ptr, sin_ptr, t_lo, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE, BLOCK_T, BLOCK_D)
+    t0 = t_lo
+    for _ in range(BLOCKS):
+        # the next block (all masked after the last): issued before this block's math and stores
+        xn, cn, sn = _kv_load(
+            kv_ptr, cos_ptr, sin_ptr, t0 + BLOCK_T, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE, BLOCK_T, BLOCK_D
+        )
+        a, b = _pairs(_kv_norm(x.to(tl.float32), w, d, eps, dt, IS_BF16, HW_CAST), BLOCK_T, BLOCK_D)
+        y = _kv_rope(a, b, c, s, kr, dt, BLOCK_T, BLOCK_D, IS_BF16, HW_CAST)
+        _kv_store(
+            y, t0, t_end, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST
+        )
+        x, c, s = xn, cn, sn
+        t0 += BLOCK_T
 
 
 def _float(name: str, t: object, ndim: int | None = None) -> torch.Tensor:
@@ -259,6 +351,8 @@ def kv_norm_rope_quant_triton(
     block_t: int | None = None,
     num_warps: int | None = None,
     early_cos_sin: bool = False,
+    blocks_per_program: int | None = None,
+    loop_maxnreg: int = KV_LOOP_MAXNREG,
 ) -> torch.Tensor:
     """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
 
@@ -267,7 +361,11 @@ def kv_norm_rope_quant_triton(
     or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
     None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
     block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
-    early_cos_sin: the kernel's EARLY_CS (a benchmark config).
+    early_cos_sin: the kernel's EARLY_CS (a benchmark config). blocks_per_program (a benchmark config; None: the
+    default kernel): run `_kv_fused_loop_kernel` instead, each program taking up to that many blocks of block_t
+    tokens with the next block's loads issued before the current block's work (`_kv_loop_blocks`: fewer while
+    the grid would drop under KV_TARGET_PROGRAMS programs); same results bit for bit. loop_maxnreg: its register
+    cap on a GPU (0: none; the interpreter takes none).
     """
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
@@ -292,12 +390,27 @@ def kv_norm_rope_quant_triton(
     bd = max(16, triton.next_power_of_2(d))
     qb = quant_block if quant else 2
     bt = block_t or _kv_block_t(t, bd)
-    _kv_fused_kernel[(triton.cdiv(t, bt),)](
+    args = (
         kv, weight, cos, sin, out, rows if rows is not None else out,
         t, d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         out.stride(0), float(eps), 1.0 / FP8_MAX,
-        HAS_ROWS=rows is not None, NOPE=nope, QUANT=quant, QB=qb, BLOCK_T=bt, BLOCK_D=bd,
-        IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, EARLY_CS=bool(early_cos_sin),
-        num_warps=num_warps or max(1, min(8, bt * bd // 512)), enable_fp_fusion=False,
     )  # fmt: skip
+    kw = {"HAS_ROWS": rows is not None, "NOPE": nope, "QUANT": quant, "QB": qb, "BLOCK_T": bt, "BLOCK_D": bd}
+    kw.update(IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, enable_fp_fusion=False)
+    kw["num_warps"] = num_warps or max(1, min(8, bt * bd // 512))
+    if blocks_per_program is None:
+        _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), **kw)
+    else:
+        nb = _kv_loop_blocks(t, bt, blocks_per_program)
+        if loop_maxnreg and kv.is_cuda:  # a compile option: only on a GPU
+            kw["maxnreg"] = int(loop_maxnreg)
+        _kv_fused_loop_kernel[(triton.cdiv(t, bt * nb),)](*args, BLOCKS=nb, **kw)
     return out
+
+
+def _kv_loop_blocks(t: int, bt: int, most: int) -> int:
+    """Blocks of bt tokens per `_kv_fused_loop_kernel` program: at most `most` (>= 1), fewer while the grid would
+    have under KV_TARGET_PROGRAMS programs (decode keeps one block per program, spread over the SMs)."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise ValueError(f"blocks_per_program must be None or an int >= 1, got {most!r}")
+    return max(1, min(most, triton.cdiv(t, bt) // KV_TARGET_PROGRAMS))

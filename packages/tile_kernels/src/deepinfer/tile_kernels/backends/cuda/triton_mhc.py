@@ -21,10 +21,9 @@ at V4 width) is too large to keep on chip or in L2 across all SMs.
 
 All math is fp32; the launchers do no host sync (CUDA-graph safe) and their splits depend only on shapes.
 
-`impl="fused"` (`triton_mhc_fused.py`) does both steps in one launch, re-reading each token block from L2 instead
-of HBM; `impl="twopass_l2"` (`triton_mhc_twopass.py`) too, with every program mixing one block and finishing one
-mixed LAG blocks earlier (so no program finishes a block alone or waits in the steady state). `DEFAULT_IMPL`
-names what the launchers (and so the API) run without an `impl` argument.
+`impl="fused"` (`triton_mhc_fused.py`, a benchmark config, slower: package README) does both steps in one launch,
+re-reading each token block from L2 instead of HBM. `DEFAULT_IMPL` names what the launchers (and so the API) run
+without an `impl` argument.
 """
 
 from __future__ import annotations
@@ -51,9 +50,8 @@ FIN_NUM_WARPS = 4
 # "ieee": exact fp32 on CUDA cores (3.5x slower than tf32x3 at t = 16k). The interpreter computes every
 # variant in fp32 (its bf16 tl.dot is wrong, so "bf16x3" is never picked there).
 DOT_PRECISION = "auto"
-# two launches (this module) | one launch (triton_mhc_fused.py) | one launch, every program mixes a block and
-# finishes an earlier one (triton_mhc_twopass.py; prepared in session 4, not yet GPU-run)
-IMPLS = ("split", "fused", "twopass_l2")
+# two launches (this module) | one launch (triton_mhc_fused.py; 0.09-0.68x of the two launches on the H200)
+IMPLS = ("split", "fused")
 DEFAULT_IMPL = "split"
 
 
@@ -78,11 +76,9 @@ def _mix_partials(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     HEAD: tl.constexpr,
-    EVICT: tl.constexpr,
 ):
     """Split pid_s of token block pid_t: part[pid_s, tokens] = x_flat @ fn_slots^T, sq = sum(x^2), the body of
-    `_mhc_mix_kernel` (padded slots: module docstring) and of the one-launch variants' mix step; the x loads carry
-    the eviction hint EVICT, "" for none (Triton's default, what the two-launch kernel uses)."""
+    `_mhc_mix_kernel` (padded slots: module docstring) and of the one-launch variants' mix step."""
     NP: tl.constexpr = 2 * HC * HC
     K: tl.constexpr = HC * D
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -106,7 +102,6 @@ def _mix_partials(
             x_tok[:, None] + ((k // D) * stride_xh + (k % D) * stride_xd)[None, :],
             mask=tmask[:, None] & kmask[None, :],
             other=0.0,
-            eviction_policy=EVICT,
         )
         fv = tl.load(
             fn_rows_ptr[None, :] + k[:, None].to(tl.int64) * stride_fn_c,
@@ -153,7 +148,7 @@ def _mhc_mix_kernel(
     """x [T, HC, D] (strided), fn [(2+HC)*HC, HC*D] (HEAD: [HC, HC*D]) -> part [S, T, 2*HC*HC], sq [S, T] fp32."""
     _mix_partials(
         x_ptr, fn_ptr, part_ptr, sq_ptr, T, tl.program_id(0), tl.program_id(1), stride_xt, stride_xh, stride_xd,
-        stride_fn_r, stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
+        stride_fn_r, stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD,
     )  # fmt: skip
 
 
@@ -406,8 +401,8 @@ def mhc_pre_triton(
     scale: [3]; base: [(2+hc)*hc]. hc must be a power of two >= 4 (V4: 4).
     Returns x_in [t, d] (x.dtype, contiguous), post [t, hc] fp32, comb [t, hc, hc] fp32; written into `out`
     (contiguous tensors of exactly those shapes and dtypes) when it is given, else freshly allocated.
-    impl: "split" (two launches), "fused" (one launch, `triton_mhc_fused.py`, with its named `config`) or
-    "twopass_l2" (one launch, `triton_mhc_twopass.py`, with its named `config`); None: DEFAULT_IMPL.
+    impl: "split" (two launches) or "fused" (one launch, `triton_mhc_fused.py`, with its named `config`);
+    None: DEFAULT_IMPL.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
     impl = _check_impl(impl)
@@ -434,11 +429,6 @@ def mhc_pre_triton(
 
         mhc_fused_triton(x, fn, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, False, config)
         return x_in, post, comb
-    if impl == "twopass_l2":
-        from .triton_mhc_twopass import mhc_twopass_triton
-
-        mhc_twopass_triton(x, fn, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, False, config)
-        return x_in, post, comb
     part, sq = _launch_mix(x, fn)
     _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
     return x_in, post, comb
@@ -455,7 +445,7 @@ def mhc_head_triton(
     config: str = "default",
 ) -> torch.Tensor:
     """Fused mHC head, same contract as `ref.mhc.mhc_head`: two launches (mix partials, gates + stream sum), or
-    one with impl="fused" or "twopass_l2" (see `mhc_pre_triton`; None: DEFAULT_IMPL).
+    one with impl="fused" (see `mhc_pre_triton`; None: DEFAULT_IMPL).
 
     x: [t, hc, d] bf16/fp16/fp32 (any strides); fn: [hc, hc*d] (any strides, read as fp32); scale: [1];
     base: [hc]. hc must be a power of two >= 4 (V4: 4). Returns [t, d] in x.dtype, contiguous.
@@ -475,11 +465,6 @@ def mhc_head_triton(
         from .triton_mhc_fused import mhc_fused_triton
 
         mhc_fused_triton(x, fn, scale, base, (out, out, out), rms_eps, hc_eps, 1, True, config)
-        return out
-    if impl == "twopass_l2":
-        from .triton_mhc_twopass import mhc_twopass_triton
-
-        mhc_twopass_triton(x, fn, scale, base, (out, out, out), rms_eps, hc_eps, 1, True, config)
         return out
     part, sq = _launch_mix(x, fn, head=True)
     _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True)

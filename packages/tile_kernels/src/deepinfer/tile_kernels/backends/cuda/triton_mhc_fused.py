@@ -22,8 +22,8 @@ results, never a hang. The interpreter runs programs in grid order: the splits a
 
 Counters start at zero (one memset per call). No host sync: CUDA-graph safe. Math and results are those of
 `triton_mhc.py` (same dots, same fp32 partial order per split, partials summed in the same order), so the
-tolerances of its tests apply. The mix partials, the gates, the spin wait and the launch shapes are the pieces
-this module shares with `triton_mhc_twopass.py` (`triton_mhc_onelaunch.py`).
+tolerances of its tests apply. The mix partials come from `triton_mhc._mix_partials` (the default mix kernel's
+body); the gates, the spin wait and the launch shapes are in `triton_mhc_onelaunch.py`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _mhc_fused_kernel(
     pid_t = tl.program_id(1)
     _mix_partials(
         x_ptr, fn_ptr, part_ptr, sq_ptr, T, pid_t, pid_s, stride_xt, stride_xh, stride_xd, stride_fn_r,
-        stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
+        stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD,
     )  # fmt: skip
     tl.debug_barrier()  # every warp's partial stores precede the release below
     arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
@@ -164,7 +164,7 @@ def _mhc_spin_kernel(
     if r < S:
         _mix_partials(
             x_ptr, fn_ptr, part_ptr, sq_ptr, T, pid_t, r, stride_xt, stride_xh, stride_xd, stride_fn_r,
-            stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD, "",
+            stride_fn_c, k_per_split, HC, D, BLOCK_T, BLOCK_K, PRECISION, HEAD,
         )  # fmt: skip
         tl.debug_barrier()  # every warp's partial stores precede the release below
         tl.atomic_add(cnt_ptr + pid_t, 1, sem="release", scope="gpu")

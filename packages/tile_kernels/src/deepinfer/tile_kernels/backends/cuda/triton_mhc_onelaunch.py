@@ -1,11 +1,10 @@
-"""Pieces shared by the one-launch mHC pre / head kernels (`triton_mhc_fused.py`, `triton_mhc_twopass.py`).
+"""Pieces of the one-launch mHC pre / head kernels (`triton_mhc_fused.py`, `impl="fused"`).
 
-Both kernels do in one launch what `triton_mhc.py`'s default ("split") does in two: fp32 mix partials of a token
-block over S slices of hc*d (`triton_mhc._mix_partials`, the default mix kernel's own body), an arrival counter per
-block, then the gates of the block from its summed partials (`_block_gates`) and the x_in stream sum. The
-stream-sum loops differ (the twopass one prefetches and carries eviction hints) and stay in their modules. Inlined
-into each kernel by Triton, so the kernels run the same operations, in the same order, as when each module carried
-its own copy (the default mix kernel's Triton 3.6 PTX is unchanged but for debug labels).
+They do in one launch what `triton_mhc.py`'s default ("split") does in two: fp32 mix partials of a token block over
+S slices of hc*d (`triton_mhc._mix_partials`, the default mix kernel's own body), an arrival counter per block, then
+the gates of the block from its summed partials (`_block_gates`) and the x_in stream sum. Inlined into each kernel by
+Triton. (A second one-launch family, `impl="twopass_l2"`, shared these until session 5, when it lost on the H200 and
+was removed: package README, "One-launch mHC".)
 """
 
 from __future__ import annotations
