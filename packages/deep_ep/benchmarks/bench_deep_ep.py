@@ -19,7 +19,9 @@ reference's on these inputs. Impls: `fast-triton` (the default, synced: one host
 `fast-nosync-graph` (the same calls replayed from a CUDA graph: GPU time only), `fast-overlap` /
 `fast-overlap-graph` (the overlapped variant, `overlap=True`: the no-sync default since session 5),
 `fast-overlap2` / `fast-overlap2-graph` (the same with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed: the dispatch
-launch's programs reordered, session 5; run last), `fast-torch` (fallback movers), `nccl-reference`,
+launch's programs reordered, session 5), `fast-overlapc-graph` / `fast-overlapc4-graph` (the overlapped
+combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE=wide / wide4: 2x / 4x the tokens per reduce program, session 5,
+run last under a hard timeout; set beside `fast-overlap-graph`), `fast-torch` (fallback movers), `nccl-reference`,
 `nccl-a2a-only`. `--cases` runs a subset (e.g. `--cases nosync,reference,overlap,overlap2`).
 The JSON (rank 0) is written after every case, so a partial run leaves a file; each rank exits after
 DEADLINE_S (170 s).
@@ -66,7 +68,8 @@ DEADLINE_S = 170.0  # a rank still running then exits (a hung collective must no
 FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
-CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2")  # run order; --cases picks some
+CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2", "overlapc")  # run order; --cases
+CASE_TIMEOUT_S = 40.0  # "overlapc" (not GPU-run yet, last): a rank still in it then saves and exits
 CASES_ENV = "DEEPINFER_EP_BENCH_CASES"  # how --cases reaches the rank processes
 
 
@@ -380,6 +383,53 @@ def _bench_overlap(run: Run, impl: str) -> None:
     buf.destroy()
 
 
+def bench_overlap_combine(run: Run) -> None:
+    """The overlapped combine with its reduce configs (DEEPINFER_DEEP_EP_OVERLAP_COMBINE, `overlap.COMBINE_CONFIGS`):
+    rows `fast-overlapc-graph` ("wide") and `fast-overlapc4-graph` ("wide4"), combine bf16 replayed from a CUDA
+    graph, each checked bit for bit against the reference first, and its GPU stages; to set beside
+    `fast-overlap-graph` ("base", the default) of the same run. Last in the run, under CASE_TIMEOUT_S: a hang
+    (a wait spinning to its limit) saves the JSON and exits this rank instead of stalling the GPU session."""
+    from deepinfer.deep_ep import _overlap
+
+    os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    watchdog = threading.Timer(CASE_TIMEOUT_S, lambda: (log(f"overlapc: over {CASE_TIMEOUT_S} s, exiting"),
+                                                        run.save(), os._exit(3)))  # fmt: skip
+    watchdog.daemon = True
+    watchdog.start()
+    c = run.cfg
+    worst = c["tokens"] * run.world
+    buf = Buffer(run.group)
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
+            "overlap": True}  # fmt: skip
+    try:
+        for config, impl in (("wide", "fast-overlapc"), ("wide4", "fast-overlapc4")):
+            os.environ[_overlap.COMBINE_ENV] = config
+            t0 = time.time()
+            matches = None if run.smoke else _compare(impl, lambda: _matches_worst(run, buf, worst, overlap=True))
+            recv_x, _, _, _, handle = buf.dispatch(run.x, **args)
+            used = "overlap/combine-" + config if buf._fast and handle.overlap else "not the overlapped variant"
+            kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
+            if run.rank == 0:
+                log(f"{impl}: compiled + checked in {time.time() - t0:.1f} s ({used})")
+            fn = lambda recv_x=recv_x, handle=handle: buf.combine(recv_x, handle)  # noqa: E731
+            # (the rows an earlier case counted; None when --cases skipped those cases)
+            nbytes = run.cross_bytes(2 * c["hidden"], combine=True) if hasattr(run, "recv_cross_rows") else None
+            if run.smoke or not handle.overlap:  # the interpreter has no graphs
+                run.record("combine bf16", impl, nbytes, fn, **kw)
+                continue
+            run.record("combine bf16", f"{impl}-graph", nbytes, fn, timer_mode="graph", **kw)
+            bench_stages(run, fn, "combine bf16", impl, **kw)
+            if buf._fast._overlap_state.timed_out():
+                log(f"{impl}: a wait gave up (timeout flag set)")
+                run.records.append({"op": "overlap waits", "impl": impl, "error": "a wait timed out"})
+                run.save()
+                break
+    finally:
+        os.environ.pop(_overlap.COMBINE_ENV, None)
+        watchdog.cancel()
+    buf.destroy()
+
+
 def bench_stages(run: Run, fn, op: str, impl: str, reps: int = 7, **kw) -> None:
     """GPU time of each stage of one no-sync call (`_nosync.STAGES` events): the GPU first sleeps ~10 ms so
     that the host has queued the whole call before it starts, so the gaps between the events are GPU time,
@@ -610,6 +660,8 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
         bench_fast(run, "torch")  # the fallback movers: among the first things to lose to the deadline
     if "overlap2" in cases:  # last: not GPU-run yet, so a hang (the deadline exits) loses no other row
         bench_overlap(run, "mixed")  # the overlapped dispatch with the "mixed" launch order (session 5)
+    if "overlapc" in cases:  # last too (not GPU-run yet), under its own timeout
+        bench_overlap_combine(run)  # the overlapped combine's reduce configs (session 5, round 2)
     run.save()
     if run.rank == 0 and out:
         log(f"wrote {out}")

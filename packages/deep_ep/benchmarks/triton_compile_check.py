@@ -191,8 +191,9 @@ def _overlap_cases(results: list[tuple[str, bool]]) -> None:
             outs = [torch.zeros(t, f.shape[1], dtype=f.dtype) for f in fields]
             words = [f.view(torch.int32) for f in fields]
             pos = torch.zeros(r, t, dtype=torch.int64)
-            _attempt(results, f"overlap combine R={r} weights={weights}", ov.combine, cbufs, 0, ctr, done, clay, cap,
-                     pos, mat, fields, words, outs, 1 << 27)  # fmt: skip
+            for config in ov.COMBINE_CONFIGS:
+                _attempt(results, f"overlap combine R={r} weights={weights} config={config}", ov.combine, cbufs, 0,
+                         ctr, done, clay, cap, pos, mat, fields, words, outs, 1 << 27, config)  # fmt: skip
         _attempt(results, f"overlap bump R={r}", ov.bump, ctr, 1)
 
 

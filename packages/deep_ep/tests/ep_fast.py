@@ -211,6 +211,37 @@ def check_worst_vs_reference(
             assert max(received) <= 1, f"rank {rank}: no error for a bound of 1 row (received {received})"
 
 
+def check_overlap_combine_vs_reference(
+    buf: Buffer, seed: int, hidden: int, num_experts: int, k: int, counts: list[int]
+) -> None:
+    """The overlapped combine alone (whatever DEEPINFER_DEEP_EP_OVERLAP_COMBINE picks): one bf16 dispatch with
+    num_worst_tokens and overlap=True, then combine with and without weights bit-identical to the reference
+    (2 ranks, or CPU: the fp32 sums in rank order are the reference's; more GPU ranks: within its bound)."""
+    rank, world, dev = buf.rank, buf.group_size, buf_device(buf)
+    comm = Comm(buf.group)
+    xs, idxs, ws = random_routing(counts, num_experts, k, hidden, seed, dev)
+    worst = sum(counts) + 3
+    got = buf.dispatch(xs[rank], topk_idx=idxs[rank], topk_weights=ws[rank], num_experts=num_experts,
+                       num_worst_tokens=worst, overlap=True)  # fmt: skip
+    assert got[4].overlap, f"rank {rank}: the overlapped variant did not run"
+    want = ref.dispatch(comm, xs[rank], idxs[rank], ws[rank], num_experts, None, 1)
+    n = want[1].shape[0]
+    g = torch.Generator().manual_seed(seed + 17 * rank)
+    y = torch.randn(worst, hidden, generator=g).bfloat16().to(dev)
+    rw = torch.rand(worst, k, generator=g).to(dev)
+    got_y, got_w = buf.combine(y, got[4], topk_weights=rw)
+    want_y, want_w = ref.combine(comm, y[:n], want[4], rw[:n])
+    assert same_bits(got_w, want_w), f"rank {rank}: combined weights differ"
+    if dev.type == "cpu" or world == 2:
+        bad = (got_y.float() != want_y.float()).sum().item()
+        assert same_bits(got_y, want_y), f"rank {rank}: combined x differs from the reference in {bad} values"
+    else:
+        mag = ref.combine(comm, y[:n].float().abs(), want[4], None)[0]
+        err = (got_y.float() - want_y.float()).abs()
+        assert bool((err <= combine_bound(mag, world)).all()), f"rank {rank}: combine exceeds the bound"
+    assert same_bits(buf.combine(y, got[4]), got_y), f"rank {rank}: combine without weights differs"
+
+
 def capture_graph(step: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     """CUDA only: one call of step on a side stream (warms the caching allocator on the capture stream),
     then one call captured in a CUDA graph. Returns (the graph, the captured call's outputs: each replay

@@ -22,6 +22,7 @@ from ep_fast import (
     buf_device,
     check_bad_input_raises_everywhere,
     check_fast_vs_reference,
+    check_overlap_combine_vs_reference,
     check_worst_vs_reference,
     worst_graph_equals_eager,
 )
@@ -157,6 +158,40 @@ def run_overlap_mixed(group: dist.ProcessGroup, seed: int) -> None:
     buf.destroy()
 
 
+def run_overlap_combine(group: dist.ProcessGroup, seed: int) -> None:
+    """The overlapped combine with each non-default reduce config (DEEPINFER_DEEP_EP_OVERLAP_COMBINE = "wide",
+    "wide4": 2x / 4x the tokens per reduce program; session 5, not GPU-run yet) against the reference, bit for
+    bit: on CPU token counts that give several reduce programs per rank and a partial last one; on GPUs
+    V4-Flash shapes with an empty rank, then (wide) CUDA-graph replays == eager."""
+    from deepinfer.deep_ep import _overlap
+
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "nccl":
+        os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    buf = Buffer(group)
+    cpu = buf_device(buf).type == "cpu"
+    try:
+        for i, config in enumerate(("wide", "wide4")):
+            os.environ[_overlap.COMBINE_ENV] = config
+            if cpu:
+                check_overlap_combine_vs_reference(buf, seed + i, 128, 8 * world, 4, [150, 70, 0, 9][:world])
+                continue
+            if i == 0:  # the whole no-sync check (all payloads, cached dispatch, W too small), then graphs
+                check_worst_vs_reference(
+                    buf, seed, 4096, 256, 6, [4096, 0, 1000, 77, 5, 9, 2048, 1][:world], overlap=True
+                )
+                worst_graph_equals_eager(buf, seed + 5, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
+                                         overlap=True)  # fmt: skip
+            else:  # the combine alone (the only kernel the config changes)
+                check_overlap_combine_vs_reference(
+                    buf, seed + i, 4096, 256, 6, [1000, 4096, 0, 77, 5, 9, 2048, 1][:world]
+                )
+        assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
+    finally:
+        os.environ.pop(_overlap.COMBINE_ENV, None)
+    buf.destroy()
+
+
 # name -> (scenario, torch.distributed backend)
 SCENARIOS = {
     "all": (run_all, "gloo"),
@@ -168,6 +203,8 @@ SCENARIOS = {
     "overlapcuda": (run_overlap_cuda, "nccl"),
     "overlapmixed": (run_overlap_mixed, "gloo"),
     "overlapmixedcuda": (run_overlap_mixed, "nccl"),
+    "overlapcomb": (run_overlap_combine, "gloo"),
+    "overlapcombcuda": (run_overlap_combine, "nccl"),
 }
 
 

@@ -45,3 +45,10 @@ def test_overlap_mixed_order_gloo_shm_3_ranks() -> None:
     env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
     env["DEEPINFER_DEEP_EP_OVERLAP_ORDER"] = "mixed"
     launch(3, seed=87, timeout_s=150.0, env=env, scenario="overlapmixed")
+
+
+def test_overlap_combine_configs_gloo_shm_2_ranks() -> None:
+    """The overlapped combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE = wide / wide4 (2x / 4x the tokens per
+    reduce program; the worker sets each) on 2 processes: bit-exact with the reference."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    launch(2, seed=89, timeout_s=150.0, env=env, scenario="overlapcomb")

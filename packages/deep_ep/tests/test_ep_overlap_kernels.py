@@ -148,3 +148,17 @@ def test_overlap_default_and_order_from_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(_overlap.ORDER_ENV, "fast")
     with pytest.raises(ValueError, match=_overlap.ORDER_ENV):
         _overlap.order()
+
+
+def test_combine_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPINFER_DEEP_EP_OVERLAP_COMBINE picks the combine's reduce config ("base" unless set); a bad value raises
+    naming the variable; the configs only widen the reduce programs (whole BLOCK_T multiples, base = 1)."""
+    monkeypatch.delenv(_overlap.COMBINE_ENV, raising=False)
+    assert _overlap.combine_config() == "base"
+    for name in ov.COMBINE_CONFIGS:
+        monkeypatch.setenv(_overlap.COMBINE_ENV, name)
+        assert _overlap.combine_config() == name
+    assert ov.COMBINE_CONFIGS["base"] == 1 and all(isinstance(v, int) and v >= 1 for v in ov.COMBINE_CONFIGS.values())
+    monkeypatch.setenv(_overlap.COMBINE_ENV, "narrow")
+    with pytest.raises(ValueError, match=_overlap.COMBINE_ENV):
+        _overlap.combine_config()

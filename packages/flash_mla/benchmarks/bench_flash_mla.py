@@ -6,15 +6,16 @@
     python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table (all rows)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --summary RESULT.json  # README key-shape table
 
-Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in {1, 2, 32, 64, 128, 256} x s_q in
-{1, 2, 4} (2 and 64 only at s_q = 2, FlashMLA's measured points), 640 indices per query token: the request's 128
-window rows plus 512 distinct random rows of its 16,384 compressed rows (CSA at 64K context), about 3 % of
-positions set to -1; HCA at 1M context: 128 window + all 8,192 compressed rows of the request, b in {1, 32}.
-Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4
-compressed rows), one cache, about 3 % holes. Engine calls (`engine_decode` b = 32 / 128, `engine_prefill` t = 4,096:
-the main list into the BF16 pool plus `extra_kv` = the step's new rows, as model/attention.py calls it): `split`
-(the Triton kernel, what the engine ran until the CUDA kernel took extra_kv) against `cuda` and `api` (the public call:
-the serial kernel, ws3 takes no extra cache).
+Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in {1, 2, 32, 64, 128, 256} x s_q in {1,
+2, 4} (2 and 64 only at s_q = 2, FlashMLA's measured points), 640 indices per query token: the request's 128 window rows
+plus 512 distinct random rows of its 16,384 compressed rows (CSA at 64K context), about 3 % of positions set to -1; HCA
+at 1M context: 128 window + all 8,192 compressed rows of the request, b in {1, 32}. Wave diagnostic `decode_wave` b = 66
+/ 132 x s_q = 2 (132 / 264 tokens: exactly 1 / 2 full waves of ws3's one-CTA-per-SM grid), rows `_WAVE_ROWS` only.
+Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4 compressed
+rows), one cache, about 3 % holes. Engine calls (`engine_decode` b = 32 / 128, `engine_prefill` t = 4,096: the main list
+into the BF16 pool plus `extra_kv` = the step's new rows, as model/attention.py calls it): `split` (the Triton kernel,
+what the engine ran until the CUDA kernel took extra_kv) against `cuda` and `api` (the public call: the serial kernel,
+ws3 takes no extra cache).
 
 Implementations, timed in the same run: `api` / `api_fp8` (the public `sparse_attn_decode` / `sparse_attn_prefill` with
 its default routing, BF16 / FP8 cache: since session 5 ws3 at >= 32 query tokens without an extra cache, else the serial
@@ -28,7 +29,8 @@ small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge
 plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the token one wave ahead), the
 warp-specialised kernel `cuda_ws3[_fp8]` (cuda_ws_decode.py variant ws3 = fm_ws3_decode.cu, 64-row tiles;
 kernel="cuda_ws3"; with `--all-variants` also the settled session-4 variants `cuda_ws[_fp8]` / `cuda_ws2[_fp8]`; `_s<n>`
-forced splits; at b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
+forced splits, ws3's own `cuda_ws3[_fp8]_s2` / `_s3` at b = 64 / 128 x s_q = 2 and b = 32 x s_q = 4; at
+b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
 modes producer / consumer (all variants) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by
 design: where the time goes), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32
 softmax, BF16 cache); "x split (same cache)" is the speed-up over `split` / `split_fp8` (the Triton kernel).
@@ -185,12 +187,14 @@ def _raise(why: str):  # noqa: ANN202
 
 
 def _ws_impls(
-    fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablated: tuple[str, ...], variants: tuple[str, ...]
-) -> dict:
+    fp8_cache: torch.Tensor | None, splits: tuple[int, ...], ablated: tuple[str, ...], variants: tuple[str, ...],
+    ws3_splits: tuple[int, ...] = (),
+) -> dict:  # fmt: skip
     """`cuda_ws3` / `cuda_ws3_fp8` (and, in `variants`, `cuda_ws` / `cuda_ws2`[_fp8]): the warp-specialised kernel's
     variants (cuda_ws_decode.py; csrc/cuda/fm_ws_decode.cu, fm_ws3_decode.cu) with the serial kernel's split plan,
-    next to `cuda` / `cuda_fp8`, plus `cuda_ws<v>[_fp8]_s<n>` forced split counts and, for the variants in `ablated`,
-    their timing-only modes `cuda_ws<v>_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes).
+    next to `cuda` / `cuda_fp8`, plus `cuda_ws<v>[_fp8]_s<n>` forced split counts (`splits` in 32-row tiles for every
+    variant; `ws3_splits` in ws3's own 64-row tiles, ws3 only) and, for the variants in `ablated`, their timing-only
+    modes `cuda_ws<v>_abl_<mode>[_fp8]` (wrong numbers by design: where the time goes).
     Raisers when a probe failed (a fault would end this process's CUDA context); without _C.sparse_decode_ws every
     call records the wrapper's ValueError."""
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
@@ -200,6 +204,7 @@ def _ws_impls(
         modes = [m for m in ws.ablations_of(variant) if m != "full"] if variant in ablated else []
         # forced counts in 32-row tiles; ws3 (64-row tiles) gets the counts with the same rows per split
         v_splits = [n * ws.KERNEL_ROWS // ws.block_rows(variant) for n in splits]
+        v_splits += [n for n in ws3_splits if variant == "ws3" and n not in v_splits]
         for n, mode in [(None, "full")] + [(n, "full") for n in v_splits] + [(None, m) for m in modes]:
             base = f"cuda_{variant}" + (f"_s{n}" if n else "") + ("" if mode == "full" else f"_abl_{mode}")
             kw = dict(num_splits=n, variant=variant, ablation=mode)
@@ -229,6 +234,19 @@ def _ws_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
         return (10, 20)
     return (130, 260) if (op, b, s_q) == ("decode_hca1m", 1, 1) else ()
 
+
+def _ws3_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
+    """ws3's forced split counts (its 64-row tiles; rows `cuda_ws3[_fp8]_s<n>`) where the default plan runs one split
+    per token in one or two waves of CTAs (128 / 256 tokens on 132 SMs): does splitting help ws3 there? (Session 5,
+    round 2; the default plan is 1 split at all three.)"""
+    return (2, 3) if (op, b, s_q) in (("decode", 64, 2), ("decode", 128, 2), ("decode", 32, 4)) else ()
+
+
+# Wave diagnostic (session 5, round 2): b = 66 / 132 x s_q = 2 = 132 / 264 query tokens = exactly 1 / 2 full waves of
+# ws3's one-CTA-per-SM grid (1 split), against b = 64 / 128 x s_q = 2 (128 / 256 tokens: 4 / 8 SMs idle in the last
+# wave). Same time for 3 % more tokens = the wave quantisation the README's "Not yet GPU-run (round 2)" note asks about.
+# Only these rows run there (no Triton / legacy / tuning rows: < 1 s per case).
+_WAVE_ROWS = ("cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "reference")
 
 _PROBE: dict[str, str | None] = {}
 
@@ -348,7 +366,9 @@ def run_case(
         # ws3 (ws / ws2's prefill ablations were measured in session 4)
         ws_vars = ("ws", "ws2", "ws3") if cfg.get("all_variants") else ("ws3",)
         abl = {("decode", 128, 2): ws_vars, ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
-        impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl, ws_vars))
+        impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl, ws_vars, _ws3_splits(op, b, s_q)))
+    if op == "decode_wave":
+        impls = {name: fn for name, fn in impls.items() if name in _WAVE_ROWS}
     if variants and ((op, b, s_q) == ("decode", 128, 2) or (cfg["smoke"] and op == "decode")):
         impls.update(_l2_hot(impls, idx2))
     for name, fn in impls.items():
@@ -436,6 +456,7 @@ def _cases(smoke: bool):
     dec = [("decode", b, s, 16384, 512, 128) for b in (1, 32, 128, 256) for s in (1, 2, 4)]
     dec += [("decode", 2, 2, 16384, 512, 128), ("decode", 64, 2, 16384, 512, 128)]
     dec += [("decode_hca1m", b, s, 8192, 8192, 128) for b in (1, 32) for s in (1, 2)]
+    dec += [("decode_wave", b, 2, 16384, 512, 128) for b in (66, 132)]  # full waves (`_WAVE_ROWS`)
     return dec, [(4096, 512, 128), (16384, 512, 128)]
 
 
@@ -557,11 +578,11 @@ def summary(path: str) -> str:
     head = ["op", "shape", "`cuda` BF16", "`cuda_ws3` BF16", "ws3 x", "`cuda_fp8`", "`cuda_ws3_fp8`", "ws3 x FP8"]
     head += ["`api` BF16 (kernel)", "`api_fp8` (kernel)"] if has_api else []
     lines = ["| " + " | ".join([*head, "FlashMLA H200 TFLOPS (us)"]) + " |", "|" + "---|" * (len(head) + 1)]
-    rank = {"decode": 0, "decode_hca1m": 1, "engine_decode": 2, "engine_prefill": 3, "prefill": 4}
+    rank = {"decode": 0, "decode_wave": 1, "decode_hca1m": 2, "engine_decode": 3, "engine_prefill": 4, "prefill": 5}
 
     def order(key: tuple[str, str]) -> tuple:
         r = next(iter(by[key].values()))
-        return rank.get(r["op"], 5), r["b"], r["s_q"]
+        return rank.get(r["op"], 6), r["b"], r["s_q"]
 
     for op, shape in sorted(by, key=order):
         rows = by[(op, shape)]

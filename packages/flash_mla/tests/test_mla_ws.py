@@ -13,9 +13,11 @@ bf16 rounding of P before P @ V (as in test_mla_cuda.py).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pathlib
 import shutil
+import types
 import zlib
 
 import pytest
@@ -119,6 +121,34 @@ def test_ws3_split_plan() -> None:
                     assert splits == _K.plan_num_splits(t, 1, tiles, 132) and per == -(-tiles // splits), (topk, t)
     with pytest.raises(ValueError, match="rows"):
         _WS.split_plan(1, 64, 640, 132, None, 48)
+
+
+def test_ws3_bench_split_rows_and_wave_cases() -> None:
+    """The benchmark's session-5 round-2 rows: ws3 forced splits 2 / 3 at decode b = 64 / 128 x s_q = 2 and
+    b = 32 x s_q = 4 (where the default plan runs 1 split: 2 x 5 tiles and 4 + 4 + 2), named `cuda_ws3[_fp8]_s<n>`
+    in 64-row tiles; the `decode_wave` cases (132 / 264 tokens = 1 / 2 full waves on 132 SMs) run only their rows."""
+    bench = _bench_module()
+    for b, s_q in ((64, 2), (128, 2), (32, 4)):
+        assert bench._ws3_splits("decode", b, s_q) == (2, 3)
+        assert _WS.split_plan(b * s_q, 64, 640, 132, None, 64) == (1, 10)
+    assert bench._ws3_splits("decode", 256, 2) == () and bench._ws3_splits("decode_wave", 128, 2) == ()
+    assert _WS.split_plan(256, 64, 640, 132, 2, 64) == (2, 5) and _WS.split_plan(256, 64, 640, 132, 3, 64) == (3, 4)
+    bench._PROBE["ws3"] = None  # names only: no probe child process even where a GPU is present
+    fns = bench._ws_impls(torch.zeros(1, 584, dtype=torch.uint8), (), (), ("ws3",), (2, 3))
+    assert sorted(fns) == sorted(f"cuda_ws3{s}{f}" for s in ("", "_s2", "_s3") for f in ("", "_fp8")), sorted(fns)
+    dec, _ = bench._cases(False)
+    waves = [(b * s_q) / 132 for op, b, s_q, *_ in dec if op == "decode_wave"]
+    assert waves == [1.0, 2.0], waves
+    assert set(bench._WAVE_ROWS) <= {"cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "reference"}
+
+
+def _bench_module() -> types.ModuleType:
+    """benchmarks/bench_flash_mla.py as a module (it is a script, not part of the package)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_flash_mla.py"
+    spec = importlib.util.spec_from_file_location("bench_flash_mla_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_ws_clean_errors_without_kernel() -> None:
@@ -353,7 +383,27 @@ def test_ws_batch_sizes_gpu(b: int, s_q: int, fp8: bool, variant: str) -> None:
     rows of each request's 2,048-row region of one cache (~3 % holes, NaN in every unused slot); against the reference
     and the serial CUDA kernel (when built). Built and checked on the GPU (the cache has up to 512K rows)."""
     _probed(variant)
-    g = torch.Generator(device="cuda").manual_seed(1000 * b + s_q + 7 * fp8)
+    _check_decode_batch(b, s_q, fp8, variant, None, 1000 * b + s_q + 7 * fp8)
+
+
+@gpu
+@needs_ws
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("b,s_q", [(64, 2), (128, 2), (32, 4)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ws3_forced_splits_bench_shapes_gpu(b: int, s_q: int, splits: int, fp8: bool) -> None:
+    """ws3 with the benchmark's forced split counts (rows `cuda_ws3[_fp8]_s2` / `_s3`, session 5 round 2) at its decode
+    shapes, where the default plan runs one split: 2 splits of 5 tiles, 3 of 4 + 4 + 2 (a short last split), merged by
+    the Triton combine; same inputs and bounds as test_ws_batch_sizes_gpu."""
+    _probed("ws3")
+    _check_decode_batch(b, s_q, fp8, "ws3", splits, 5000 * b + 10 * s_q + splits + 7 * fp8)
+
+
+def _check_decode_batch(b: int, s_q: int, fp8: bool, variant: str, num_splits: int | None, seed: int) -> None:
+    """One decode batch (V4 index lists, NaN in unused slots, NaN-poisoned outputs) through `sparse_attn_ws`, checked
+    against the reference within `_gather_bounds` and against the serial CUDA kernel when built."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     region, t = 2048, b * s_q
     base = (torch.arange(b, device="cuda") * region).repeat_interleave(s_q)[:, None]
     comp = torch.rand(t, region - 128, generator=g, device="cuda").topk(512, dim=-1).indices + 128
@@ -369,7 +419,7 @@ def test_ws_batch_sizes_gpu(b: int, s_q: int, fp8: bool, variant: str) -> None:
     used = _fp8(cache) if fp8 else cache
     out = torch.full((t, 64, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((t, 64), float("nan"), device="cuda")
-    _WS.sparse_attn_ws(q, used, idx, sink, SCALE, out=out, lse_out=lse, variant=variant)
+    _WS.sparse_attn_ws(q, used, idx, sink, SCALE, out=out, lse_out=lse, num_splits=num_splits, variant=variant)
     ref = reference.sparse_attn(q, used, idx, sink, SCALE)
     dense = reference.unpack_fp8_kv_ref(used, torch.float32) if fp8 else cache
     out_tol, lse_tol = _gather_bounds(q, dense, idx, sink, ref[0])

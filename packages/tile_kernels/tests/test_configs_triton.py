@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pathlib
 import sys
 
 import pytest
@@ -24,6 +25,9 @@ if not _CUDA:
 pytest.importorskip("triton")
 
 from deepinfer.tile_kernels.ref import quant as ref_quant  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from _cases import KVQ_CONFIGS, PTGQ_CONFIGS, SWIGLU_FP8_CONFIGS  # noqa: E402  (the benchmark's own configs)
 
 
 def _kernels(name: str):  # noqa: ANN202 (a module)
@@ -84,8 +88,25 @@ def check_configs(t: int) -> None:
         ):
             _equal(_R.apply_rope_interleaved_triton(q, cos, sin, 64, **kw), want, f"rope {shape} {kw}")
     _check_kv_configs(t, cos, sin)
+    check_quant_round2(x, x[:, :448], h[:, :256], h[:, 256:])
     _check_pool_configs(t)
     _check_route_configs(t)
+
+
+def check_quant_round2(x: torch.Tensor, kv: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+    """The round-2 quantiser configs of the benchmark (int32 / constexpr indexing, tiles per program) give the
+    default's bytes: x [m, k] in groups of 128 (2^e scales, exponents and amax / 448 scales), kv [t, 448] (a
+    strided view) quant-dequantised in blocks of 64, SwiGLU + FP8 of gate / up [rows, n] in groups of 128."""
+    for mode in ("pow2", "exp", "fp32"):
+        want = _Q.fp8_group_quant_triton(x, 128, mode, tile_elems=8192)  # per_token_group_quant_fp8's tile
+        for name, kw in PTGQ_CONFIGS.items():
+            _equal(_Q.fp8_group_quant_triton(x, 128, mode, **{"tile_elems": 8192, **kw}), want, f"ptgq {mode} {name}")
+    want = _Q.fp8_group_quant_triton(kv, 64, "dequant")
+    for name, kw in KVQ_CONFIGS.items():
+        _equal(_Q.fp8_group_quant_triton(kv, 64, "dequant", **kw), want, f"kv quant-dequant {name}")
+    want = _F.swiglu_clamp_fp8_triton(gate, up, 10.0, 128)
+    for name, kw in SWIGLU_FP8_CONFIGS.items():
+        _equal(_F.swiglu_clamp_fp8_triton(gate, up, 10.0, 128, **kw), want, f"swiglu_fp8 {name}")
 
 
 def _check_pool_configs(t: int) -> None:
@@ -146,3 +167,20 @@ def test_configs_match_default() -> None:
 @pytest.mark.parametrize("t", [1, 4096])
 def test_gpu_configs_match_default(t: int) -> None:
     check_configs(t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 64, 4096, 16384])
+def test_gpu_quant_round2_configs_v4(t: int) -> None:
+    """The round-2 quantiser configs at the benchmark's V4-Flash shapes (x [t, 4096], kv [t, 512][:, :448], SwiGLU
+    halves of h [6t, 4096]) against the default, bit for bit, and the default against the reference."""
+
+    def dev_randn(*shape: int, seed: int) -> torch.Tensor:  # drawn on the GPU (a CPU draw of h takes seconds)
+        return (torch.randn(*shape, generator=torch.Generator(DEV).manual_seed(seed), device=DEV) * 3.0).bfloat16()
+
+    x, kv, h = dev_randn(t, 4096, seed=21), dev_randn(t, 512, seed=22)[:, :448], dev_randn(6 * t, 4096, seed=23)
+    check_quant_round2(x, kv, h[:, :2048], h[:, 2048:])
+    q, s = _Q.fp8_group_quant_triton(x, 128, "pow2", tile_elems=8192)
+    _equal((q, s), ref_quant.per_token_group_quant_fp8(x, 128, "ue8m0"), "ptgq default vs reference")
+    _equal(_Q.fp8_group_quant_triton(kv, 64, "dequant")[0], ref_quant.fp8_quant_dequant_ue8m0(kv, 64), "kv vs ref")

@@ -127,6 +127,16 @@ go(
     {"HAS_BIAS": False, "SCORING": 0, "RENORM": False, "K": 1, "BLOCK_E": 256, "BLOCK_K": 2},
     1,
 )
+# the round-2 benchmark configs (int32 / constexpr-width indexing, tiles per program; a few, each compile costs ~1 s)
+qs32 = {**qs, "n_groups": "i32", "stride_xr": "i32", "stride_xc": "i32"}
+for mode, sp, qp, g, idx, gpr, tiles in (
+    (1, "*fp32", "*u8", 128, True, 32, 1),
+    (3, "*bf16", "*bf16", 64, True, 7, 2),
+    (0, "*i32", "*u8", 64, False, 0, 2),
+):
+    s = {**(qs32 if idx else qs), "s_ptr": sp, "q_ptr": qp}
+    cx = {"MODE": mode, "GROUP": g, "BLOCK_G": 64, "HW_CAST": True, "IDX32": idx, "GPR": gpr, "TILES": tiles}
+    go(f"quant tiles mode {mode} i32={idx} gpr={gpr} tiles={tiles}", q._fp8_group_tiles_kernel, s, cx, 8, False)
 ss = {
     "g_ptr": "*bf16",
     "u_ptr": "*bf16",
@@ -164,6 +174,17 @@ go(
     f._swiglu_fp8_kernel,
     ss,
     {"HAS_LIMIT": True, "STORE_Y": True, "MODE": 1, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True, "HW_CAST": True},
+    8,
+    False,
+)
+sts = {k: v for k, v in ss.items() if k != "y_ptr"}
+sts.update({"n_groups": "i32", "sgr": "i32", "sgc": "i32", "sur": "i32", "suc": "i32"})
+swcx = {"HAS_LIMIT": True, "MODE": 1, "GROUP": 128, "BLOCK_G": 32, "IS_BF16": True, "HW_CAST": True}
+go(
+    "swiglu_fp8 tiles i32 gpr=16 tiles=2",
+    f._swiglu_fp8_tiles_kernel,
+    sts,
+    {**swcx, "IDX32": True, "GPR": 16, "TILES": 2},
     8,
     False,
 )

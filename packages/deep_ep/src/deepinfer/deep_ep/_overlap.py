@@ -43,6 +43,9 @@ ENV = "DEEPINFER_DEEP_EP_OVERLAP"  # "0": num_worst_tokens calls that do not pas
 # program order of the dispatch launch (`overlap.ORDERS`): "serial" (the default) or "mixed" (session 5, not
 # GPU-run yet: the copy-out programs launched first, pushes and own-block copies interleaved); read per call
 ORDER_ENV = "DEEPINFER_DEEP_EP_OVERLAP_ORDER"
+# the combine launch's config (`overlap.COMBINE_CONFIGS`): "base" (the default), "wide" / "wide4" (session 5, not
+# GPU-run yet: 2x / 4x the tokens per reduce program, so the reduction of the last rows to land takes fewer rounds)
+COMBINE_ENV = "DEEPINFER_DEEP_EP_OVERLAP_COMBINE"
 # polls before a wait gives up (sets the timeout flag): a peer's first call may still be compiling its
 # kernels (tens of seconds) while ours already waits on the GPU
 SPIN_LIMIT = {"cuda": 1 << 27, "cpu": 1 << 21}
@@ -70,6 +73,14 @@ def order() -> str:
     got = os.environ.get(ORDER_ENV, "serial").strip() or "serial"
     if got not in ov.ORDERS:
         raise ValueError(f"{ORDER_ENV}: expected one of {list(ov.ORDERS)}, got {got!r}")
+    return got
+
+
+def combine_config() -> str:
+    """The combine launch's config from DEEPINFER_DEEP_EP_OVERLAP_COMBINE (default "base")."""
+    got = os.environ.get(COMBINE_ENV, "base").strip() or "base"
+    if got not in ov.COMBINE_CONFIGS:
+        raise ValueError(f"{COMBINE_ENV}: expected one of {list(ov.COMBINE_CONFIGS)}, got {got!r}")
     return got
 
 
@@ -292,6 +303,7 @@ def combine(fast: IntranodeNormal, y: torch.Tensor, handle: DispatchHandle, topk
         from . import _nosync
 
         return _nosync.combine(fast, y, handle, topk_weights)
+    config = combine_config()  # before any GPU work: a bad value must not leave the epochs advanced on one rank
     mark = _stage_marker(dev)
     cap, t = handle.num_worst_tokens, handle.num_tokens
     rb = [_row_bytes(f) for f in fields]
@@ -303,6 +315,6 @@ def combine(fast: IntranodeNormal, y: torch.Tensor, handle: DispatchHandle, topk
     outs = [torch.empty((t, f.shape[1]), dtype=f.dtype, device=dev) for f in fields]
     words = [f.view(torch.int32) for f in fields]
     ov.combine(side.bufs, rank, side.ctr, side.done, lay, cap, handle.send_pos, handle.device_counts, fields,
-               words, outs, SPIN_LIMIT[dev.type])  # fmt: skip
+               words, outs, SPIN_LIMIT[dev.type], config)  # fmt: skip
     mark("overlap")
     return outs[0], (outs[1] if topk_weights is not None else None)

@@ -67,6 +67,16 @@ ORDERS = ("serial", "mixed")
 # kernel with 72-96 registers a thread at 4 warps and 1 KB of shared memory, i.e. >= 5 programs per SM, >= 660
 # on 132 SMs (cuobjdump of the sm_90a cubins, R = 2 and 8), so the programs that make progress always get SMs
 EARLY_MAX = 128
+# combine configs (`combine(config=...)`, DEEPINFER_DEEP_EP_OVERLAP_COMBINE): tokens per reduce program.
+# "base" (the default): BLOCK_T, the session-4 kernel. "wide" / "wide4" (session 5, not GPU-run yet): 2x / 4x. Why: the
+# 128 persistent send programs move rows in waves of 128 * BLOCK_T rows (program j takes row blocks j, j + 128,
+# ...), so the last wave (512 rows, ~4 MB) lands at the very end of the send and its 1024 reduce programs (4
+# tokens x 512 columns each, a chain of dependent loads: positions, tags, rows) run after it in ~3 rounds of the
+# ~400 that fit beside the senders (108 registers a thread at 4 warps: 4 programs per SM; ptxas -v of Triton 3.6's
+# sm_90a PTX, R = 2, no weights: base and wide 108, wide4 167, i.e. 3 per SM). Twice the tokens per program halves
+# the programs and keeps twice the bytes in flight per chain.
+# Results are the same bits: each token is still summed over ranks in ascending order, in fp32, one rounding.
+COMBINE_CONFIGS = {"base": 1, "wide": 2, "wide4": 4}  # name -> reduce rows per program, in units of BLOCK_T
 
 
 def _p2(n: int) -> int:
@@ -647,8 +657,9 @@ def _combine_kernel(
     rank, t, cap, par, oy0, oy1, otag0, tpar, w0, w1, h0, h1, par_e0, par_e1, off_e0, off_e1, ncb, ncb0, ncb1, nper,
     nbt, n_red1, spin_limit,
     NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
-    BW0: tl.constexpr, BW1: tl.constexpr, BF16_0: tl.constexpr, NCBP: tl.constexpr,
+    BW0: tl.constexpr, BW1: tl.constexpr, BF16_0: tl.constexpr, NCBP: tl.constexpr, BTR: tl.constexpr,
 ):  # fmt: skip
+    # BT: rows per send step; BTR: tokens per reduce program (`COMBINE_CONFIGS`; nbt counts blocks of BTR)
     pid = tl.program_id(0)
     ep = tl.load(ctr + 1).to(tl.int64)
     otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
@@ -659,10 +670,10 @@ def _combine_kernel(
                     nper, NX, R, RP, BT, BW, NCBP)  # fmt: skip
     elif pid < n_send + n_red0:
         _role_reduce(pid - n_send, me64, ctr, pos, mat, back0, yv0, out0, rank, t, h0, ep, par, par_e0, off_e0,
-                     otag, ncb0, ncb, spin_limit, R, RP, BT, BW0, BF16_0, NCBP)  # fmt: skip
+                     otag, ncb0, ncb, spin_limit, R, RP, BTR, BW0, BF16_0, NCBP)  # fmt: skip
     elif pid < n_send + n_red0 + n_red1:
         _role_reduce(pid - n_send - n_red0, me64, ctr, pos, mat, back1, yv1, out1, rank, t, h1, ep, par, par_e1,
-                     off_e1, otag, ncb1, ncb, spin_limit, R, RP, BT, BW1, False, NCBP)  # fmt: skip
+                     off_e1, otag, ncb1, ncb, spin_limit, R, RP, BTR, BW1, False, NCBP)  # fmt: skip
     else:  # the last program: every peer's whole send is in (a rank that reads no peer row still waits here,
         # so no rank can run two calls ahead of a peer still reading its buffer)
         for d in tl.static_range(R):
@@ -672,13 +683,17 @@ def _combine_kernel(
 
 def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.Tensor, lay, cap: int,
             pos: torch.Tensor, mat: torch.Tensor, fields: list[torch.Tensor], words: list[torch.Tensor],
-            outs: list[torch.Tensor], spin_limit: int) -> None:  # fmt: skip
+            outs: list[torch.Tensor], spin_limit: int, config: str = "base") -> None:  # fmt: skip
     """The overlapped combine launch (after `bump(ctr, 1)`): roles S and R (see the module docstring).
 
     fields: y [W, h] (bf16 / fp16 / fp32) and optionally the weights fp32 [W, k]; words: their int32 views;
     outs: [t, h] / [t, k] of the same dtypes (out); pos: the handle's send_pos int64 [R, t]; mat: its
-    device_counts; lay: `_overlap.CombineLayout` (word offsets of the field regions, parity stride).
+    device_counts; lay: `_overlap.CombineLayout` (word offsets of the field regions, parity stride); config:
+    a key of `COMBINE_CONFIGS` (tokens per reduce program; the same results, bit for bit).
     """
+    if config not in COMBINE_CONFIGS:
+        raise ValueError(f"config: expected one of {sorted(COMBINE_CONFIGS)}, got {config!r}")
+    btr = BLOCK_T * COMBINE_CONFIGS[config]
     world, t = pos.shape
     y0, y1 = words[0], words[-1]
     f0, f1 = fields[0], fields[-1]
@@ -686,7 +701,7 @@ def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.
     h0, h1 = f0.shape[1], f1.shape[1]
     bw0, bw1 = min(512, _p2(h0)), min(512, _p2(h1))
     ncb, ncb0, ncb1 = triton.cdiv(max(y0.shape[1], y1.shape[1]), BLOCK_W), triton.cdiv(h0, bw0), triton.cdiv(h1, bw1)
-    nbt = max(1, triton.cdiv(t, BLOCK_T))  # >= 1 waiting program even with no tokens (see the docstring)
+    nbt = max(1, triton.cdiv(t, btr))  # >= 1 waiting program even with no tokens (see the docstring)
     nper = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
     n_red1 = nbt * ncb1 if len(fields) == 2 else 0
     grid = (world - 1) * nper + nbt * ncb0 + n_red1 + 1
@@ -704,5 +719,5 @@ def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.
         rank, t, cap, lay.par, lay.y0, lay.y1, lay.tags, lay.tpar, y0.shape[1], y1.shape[1], h0, h1,
         lay.par * e0, lay.par * e1, lay.y0 * e0, lay.y1 * e1, ncb, ncb0, ncb1, nper, nbt, n_red1, spin_limit,
         NX=len(fields), R=world, RP=_p2(world), BT=BLOCK_T, BW=BLOCK_W, BW0=bw0, BW1=bw1, BF16_0=bf16,
-        NCBP=_p2(ncb),
+        NCBP=_p2(ncb), BTR=btr,
     )  # fmt: skip

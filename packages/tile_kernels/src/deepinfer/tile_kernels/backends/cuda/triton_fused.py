@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._launch import check_runnable
 from .triton_act import swiglu_math
-from .triton_quant import FP8_MAX, MAX_GROUP, quant_tile_store
+from .triton_quant import FP8_MAX, MAX_GROUP, fits_int32, quant_tile_store, tile_groups
 
 __all__ = ["kv_norm_rope_quant_triton", "swiglu_clamp_fp8_triton"]
 
@@ -85,6 +85,41 @@ def _swiglu_fp8_kernel(
         tl.store(y_ptr + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+
+
+@triton.jit
+def _load_swiglu(g_ptr, u_ptr, tile, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, dt: tl.constexpr,
+                 HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, IS_BF16: tl.constexpr,
+                 HW_CAST: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr):  # fmt: skip
+    """Tile `tile`'s gate / up groups [BG, GROUP] -> the SwiGLU output rounded to dt (fp32), group ids, mask."""
+    g, gmask, row, gcol = tile_groups(tile, n_groups, groups_per_row, BLOCK_G, IDX32, GPR)
+    col = gcol[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = gmask[:, None]
+    gt = tl.load(g_ptr + row[:, None] * sgr + col * sgc, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(u_ptr + row[:, None] * sur + col * suc, mask=mask, other=0.0).to(tl.float32)
+    return _round_act(swiglu_math(gt, up, limit, HAS_LIMIT), dt, IS_BF16, HW_CAST), g, gmask
+
+
+@triton.jit
+def _swiglu_fp8_tiles_kernel(
+    g_ptr, u_ptr, q_ptr, s_ptr, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, inv_max,
+    HAS_LIMIT: tl.constexpr, MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """`_swiglu_fp8_kernel` (q and scales only) with triton_quant's benchmark configs: int32 / constexpr-width
+    indexing and TILES tiles per program (tile pid + i * grid), the next tile's gate / up loaded before the current
+    tile is quantised and stored."""
+    dt = g_ptr.dtype.element_ty  # the SwiGLU output's dtype (gate's, as the unfused path stores it)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    y, g, gmask = _load_swiglu(g_ptr, u_ptr, pid, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, dt,
+                               HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR)  # fmt: skip
+    for i in tl.static_range(1, TILES):
+        yn, gn, gmn = _load_swiglu(g_ptr, u_ptr, pid + i * nprog, n_groups, groups_per_row, sgr, sgc, sur, suc,
+                                   limit, dt, HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR)  # fmt: skip
+        quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+        y, g, gmask = yn, gn, gmn
+    quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
 
 
 @triton.jit
@@ -273,6 +308,9 @@ def swiglu_clamp_fp8_triton(
     *,
     tile_elems: int | None = None,
     num_warps: int | None = None,
+    idx32: bool = False,
+    const_gpr: bool = False,
+    tiles_per_program: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt) in one pass.
 
@@ -280,6 +318,8 @@ def swiglu_clamp_fp8_triton(
     in [2, 4096]; scale_fmt "ue8m0" (2^e scales) or "fp32" (amax / 448). Returns (q float8_e4m3fn [..., n],
     scales fp32 [..., n / group_size]). `store_y` (tests): returns (the SwiGLU output in gate.dtype, None).
     tile_elems / num_warps: benchmark configs (None: TILE_ELEMS elements per program, the default warps).
+    idx32 / const_gpr / tiles_per_program: benchmark configs of `triton_quant.fp8_group_quant_triton` (any set, and
+    not store_y: `_swiglu_fp8_tiles_kernel`; same bits).
     """
     _float("gate", gate)
     _float("up", up)
@@ -303,6 +343,10 @@ def swiglu_clamp_fp8_triton(
     if n_groups:
         g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
         bg = max(1, min((tile_elems or TILE_ELEMS) // group_size, triton.next_power_of_2(n_groups)))
+        if not store_y and (idx32 or const_gpr or tiles_per_program != 1):
+            cfg = (idx32, const_gpr, tiles_per_program)
+            _swiglu_tiles(g2, u2, q, s, limit, scale_fmt, group_size, bg, num_warps, *cfg)
+            return q, s
         _swiglu_fp8_kernel[(triton.cdiv(n_groups, bg),)](
             g2, u2, q.view(torch.uint8), s, y,
             n_groups, n // group_size, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
@@ -312,6 +356,25 @@ def swiglu_clamp_fp8_triton(
             num_warps=num_warps or max(1, min(8, bg * group_size // 512)), enable_fp_fusion=False,
         )  # fmt: skip
     return (y, None) if store_y else (q, s)
+
+
+def _swiglu_tiles(
+    g2: torch.Tensor, u2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, limit: float | None, scale_fmt: str,
+    group: int, bg: int, num_warps: int | None, idx32: bool, const_gpr: bool, tiles: int,
+) -> None:  # fmt: skip
+    """`_swiglu_fp8_tiles_kernel` on gate / up [rows, n] (the benchmark configs of `swiglu_clamp_fp8_triton`)."""
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
+        raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
+    n_groups, gpr = g2.numel() // group, g2.shape[1] // group
+    grid = triton.cdiv(triton.cdiv(n_groups, bg), tiles)
+    use32 = idx32 and fits_int32(g2, u2, q, extra=(grid * tiles + 1) * bg * group)
+    _swiglu_fp8_tiles_kernel[(grid,)](
+        g2, u2, q.view(torch.uint8), s, n_groups, gpr, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
+        float(limit) if limit is not None else 0.0, 1.0 / FP8_MAX,
+        HAS_LIMIT=limit is not None, MODE=1 if scale_fmt == "ue8m0" else 2, GROUP=group, BLOCK_G=bg,
+        IS_BF16=g2.dtype == torch.bfloat16, HW_CAST=g2.is_cuda, IDX32=use32, GPR=gpr if const_gpr else 0,
+        TILES=tiles, num_warps=num_warps or max(1, min(8, bg * group // 512)), enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 def _check_kv(kv: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> None:

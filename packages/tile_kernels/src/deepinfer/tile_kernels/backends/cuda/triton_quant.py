@@ -20,6 +20,19 @@ Bit-exactness, step by step against the reference:
   made the quantisers ALU-bound on the H200.
 * non-finite groups: exponent 128, q NaN, dequantised NaN, fp32 2^e scale inf (the reference's ldexp(1, 128)).
 No host sync (CUDA-graph safe); blocks come from shapes only.
+
+Benchmark configs (round 2 of session 5, not GPU-run yet, not the default): `_fp8_group_tiles_kernel`, the same
+quantiser math (`quant_tile_store`) with other indexing and load order. What the default does per program (sm_90a
+PTX of Triton, [64, 128] bf16 tile, 8 warps, checked with CUDA 13.0 ptxas: 32 registers, so 8 programs / SM): 4
+16-byte loads a thread, two amax reductions over 8 lanes, 2 16-byte fp8 stores and one scale store, and each
+group's (row, column) from an int64 `//` and `%` by the runtime groups_per_row (a div.s64 with a 32-bit fast path
+per row a thread holds). Each program loads one tile, quantises, stores and exits, so an SM's loads stop while its
+programs reduce and store, and the 16,384-token grids end in a partial wave (ptgq: 8,192 programs over 1,056
+slots; the kv quant-dequant: 1,792, 1.7 waves). The configs: `idx32` (int32 index math when every offset fits),
+`const_gpr` (groups_per_row a constexpr: a multiply-shift, a shift for powers of two) and `tiles_per_program` n
+(a program takes n tiles, tile pid + i * grid, and loads tile i + 1 before it quantises and stores tile i:
+more bytes in flight while it computes, n times fewer programs; 47-48 registers at n = 2-4). All are bit-exact
+to the default (same math per group; only the indexing and the load order change).
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import triton.language as tl
 
 from ._launch import check_runnable
 
-__all__ = ["fp8_group_quant_triton"]
+__all__ = ["fp8_group_quant_triton", "tile_groups"]
 
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
@@ -115,6 +128,53 @@ def _fp8_group_kernel(
 
 
 @triton.jit
+def tile_groups(tile, n_groups, groups_per_row, BLOCK_G: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr):
+    """Global group ids g [BG] of tile `tile`, their mask, row and first column / GROUP. IDX32: int32 math (the
+    launcher checks every offset fits), else int64; GPR > 0: groups_per_row as a constexpr (a multiply-shift)."""
+    if IDX32:
+        g = tile * BLOCK_G + tl.arange(0, BLOCK_G)
+    else:
+        g = tile.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    if GPR > 0:
+        row = g // GPR
+        gcol = g % GPR
+    else:
+        row = g // groups_per_row
+        gcol = g % groups_per_row
+    return g, g < n_groups, row, gcol
+
+
+@triton.jit
+def _load_groups(x_ptr, tile, n_groups, groups_per_row, stride_xr, stride_xc, GROUP: tl.constexpr,
+                 BLOCK_G: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr):  # fmt: skip
+    """Tile `tile` of x as fp32 [BG, GROUP] (0 where masked), its group ids and mask."""
+    g, gmask, row, gcol = tile_groups(tile, n_groups, groups_per_row, BLOCK_G, IDX32, GPR)
+    cols = gcol[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + row[:, None] * stride_xr + cols * stride_xc, mask=gmask[:, None], other=0.0)
+    return x.to(tl.float32), g, gmask
+
+
+@triton.jit
+def _fp8_group_tiles_kernel(
+    x_ptr, q_ptr, s_ptr, n_groups, groups_per_row, stride_xr, stride_xc, inv_max,
+    MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HW_CAST: tl.constexpr, IDX32: tl.constexpr,
+    GPR: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """`_fp8_group_kernel` (same arguments and results) with the benchmark configs of the module docstring: TILES
+    tiles per program (tile pid + i * grid; the next tile's load issued before the current tile's stores)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    x, g, gmask = _load_groups(x_ptr, pid, n_groups, groups_per_row, stride_xr, stride_xc, GROUP, BLOCK_G, IDX32, GPR)
+    for i in tl.static_range(1, TILES):
+        xn, gn, gmn = _load_groups(
+            x_ptr, pid + i * nprog, n_groups, groups_per_row, stride_xr, stride_xc, GROUP, BLOCK_G, IDX32, GPR
+        )
+        quant_tile_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+        x, g, gmask = xn, gn, gmn
+    quant_tile_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+
+
+@triton.jit
 def quant_tile_store(
     x,
     g,
@@ -174,6 +234,9 @@ def fp8_group_quant_triton(
     *,
     tile_elems: int | None = None,
     num_warps: int | None = None,
+    idx32: bool = False,
+    const_gpr: bool = False,
+    tiles_per_program: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-group e4m3 quantisation of the last dim, bit-exact to `ref/quant.py`.
 
@@ -185,7 +248,9 @@ def fp8_group_quant_triton(
       "dequant" -> (q * 2^e in x.dtype [..., n], None)              as `fp8_quant_dequant_ue8m0`
     `out` (contiguous, [..., n], e4m3 or x.dtype for "dequant") receives the first result. No host sync.
     tile_elems / num_warps (benchmark configs; None: TILE_ELEMS and the default warps): elements per program
-    tile (a power of two) and warps per program.
+    tile (a power of two) and warps per program. idx32 / const_gpr / tiles_per_program (benchmark configs, the
+    module docstring; any of them set: `_fp8_group_tiles_kernel`): int32 index math (ignored, i.e. int64, when an
+    offset could reach 2^31), groups_per_row as a constexpr (one compilation per row width), tiles per program.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
@@ -212,6 +277,10 @@ def fp8_group_quant_triton(
     x2 = x.reshape(-1, n)  # a view whenever the leading dims merge into one stride
     n_groups = x.numel() // group
     bg = max(1, min((tile_elems or TILE_ELEMS) // group, triton.next_power_of_2(n_groups)))
+    warps = num_warps or max(1, min(8, bg * group // 512))
+    if idx32 or const_gpr or tiles_per_program != 1:
+        _launch_tiles(x2, out, scales, mode, group, bg, warps, idx32, const_gpr, tiles_per_program)
+        return out, scales
     _fp8_group_kernel[(triton.cdiv(n_groups, bg),)](
         x2,
         out if mode == "dequant" else out.view(torch.uint8),
@@ -225,7 +294,31 @@ def fp8_group_quant_triton(
         GROUP=group,
         BLOCK_G=bg,
         HW_CAST=x.is_cuda,
-        num_warps=num_warps or max(1, min(8, bg * group // 512)),
+        num_warps=warps,
         enable_fp_fusion=False,
     )
     return out, scales
+
+
+def fits_int32(*views: torch.Tensor, extra: int = 0) -> bool:
+    """True when every element offset of the views (and `extra`, e.g. the last group id a grid reaches) is < 2^31."""
+    span = [sum((s - 1) * abs(st) for s, st in zip(v.shape, v.stride())) + 1 for v in views]  # largest offset + 1
+    return max([*span, extra]) < 2**31
+
+
+def _launch_tiles(
+    x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, mode: str, group: int, bg: int, warps: int,
+    idx32: bool, const_gpr: bool, tiles: int,
+) -> None:  # fmt: skip
+    """`_fp8_group_tiles_kernel` on x2 [rows, n] (the benchmark configs of `fp8_group_quant_triton`)."""
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
+        raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
+    n_groups, gpr = x2.numel() // group, x2.shape[1] // group
+    grid = triton.cdiv(triton.cdiv(n_groups, bg), tiles)
+    use32 = idx32 and fits_int32(x2, out, extra=(grid * tiles + 1) * bg * group)
+    _fp8_group_tiles_kernel[(grid,)](
+        x2, out if mode == "dequant" else out.view(torch.uint8), scales if scales is not None else out,
+        n_groups, gpr, x2.stride(0), x2.stride(1), 1.0 / FP8_MAX,
+        MODE=_MODES[mode], GROUP=group, BLOCK_G=bg, HW_CAST=x2.is_cuda, IDX32=use32,
+        GPR=gpr if const_gpr else 0, TILES=tiles, num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
