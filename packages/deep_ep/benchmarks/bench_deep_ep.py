@@ -69,7 +69,7 @@ FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": 
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
 CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2", "overlapc")  # run order; --cases
-CASE_TIMEOUT_S = 40.0  # "overlapc" (not GPU-run yet, last): a rank still in it then saves and exits
+CASE_TIMEOUT_S = 40.0  # "overlapc" (last): a rank still in it then saves and exits
 CASES_ENV = "DEEPINFER_EP_BENCH_CASES"  # how --cases reaches the rank processes
 
 
@@ -658,9 +658,9 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
         bench_overlap(run)  # the no-sync default since session 5
     if "torch" in cases:
         bench_fast(run, "torch")  # the fallback movers: among the first things to lose to the deadline
-    if "overlap2" in cases:  # last: not GPU-run yet, so a hang (the deadline exits) loses no other row
+    if "overlap2" in cases:  # last (opt-in order): a hang (the deadline exits) loses no other row
         bench_overlap(run, "mixed")  # the overlapped dispatch with the "mixed" launch order (session 5)
-    if "overlapc" in cases:  # last too (not GPU-run yet), under its own timeout
+    if "overlapc" in cases:  # last too (opt-in configs), under its own timeout
         bench_overlap_combine(run)  # the overlapped combine's reduce configs (session 5, round 2)
     run.save()
     if run.rank == 0 and out:

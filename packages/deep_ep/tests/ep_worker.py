@@ -160,7 +160,7 @@ def run_overlap_mixed(group: dist.ProcessGroup, seed: int) -> None:
 
 def run_overlap_combine(group: dist.ProcessGroup, seed: int) -> None:
     """The overlapped combine with each non-default reduce config (DEEPINFER_DEEP_EP_OVERLAP_COMBINE = "wide",
-    "wide4": 2x / 4x the tokens per reduce program; session 5, not GPU-run yet) against the reference, bit for
+    "wide4": 2x / 4x the tokens per reduce program; session 5, opt-in) against the reference, bit for
     bit: on CPU token counts that give several reduce programs per rank and a partial last one; on GPUs
     V4-Flash shapes with an empty rank, then (wide) CUDA-graph replays == eager."""
     from deepinfer.deep_ep import _overlap

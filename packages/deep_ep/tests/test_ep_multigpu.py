@@ -41,7 +41,7 @@ def test_overlap_variant_two_gpus() -> None:
 @pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_overlap_mixed_order_two_gpus() -> None:
-    """The same checks with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed (session 5, not GPU-run yet: copy-out programs
+    """The same checks with DEEPINFER_DEEP_EP_OVERLAP_ORDER=mixed (session 5, never run on GPUs yet: copy-out programs
     launched first, pushes and own-block copies interleaved): bit-exact vs NCCL, graph replays == eager."""
     env = {**NO_MULTICAST, "DEEPINFER_DEEP_EP_OVERLAP_ORDER": "mixed"}
     launch(2, seed=93, timeout_s=300.0, env=env, scenario="overlapmixedcuda")
@@ -50,6 +50,6 @@ def test_overlap_mixed_order_two_gpus() -> None:
 @pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_overlap_combine_configs_two_gpus() -> None:
-    """The overlapped combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE = wide / wide4 (session 5, not GPU-run yet;
+    """The overlapped combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE = wide / wide4 (session 5, passed in round 3;
     the worker sets each): dispatch + combine bit-exact vs NCCL at V4-Flash shapes, graph replays == eager."""
     launch(2, seed=97, timeout_s=240.0, env=NO_MULTICAST, scenario="overlapcombcuda")

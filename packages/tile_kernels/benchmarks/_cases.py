@@ -62,23 +62,25 @@ _FP4 = _launcher("triton_fp4", "fp4_group_quant_triton")
 _ROUTE = _launcher("triton_route", "moe_route_triton")
 
 
-# round-2 quantiser configs (session 5, after the 13:50 run; bit-exact to the default, see triton_quant's docstring):
-# name -> kwargs of the launchers. i32c: int32 indexing with groups_per_row a constexpr (the default: int64 `//` and
-# `%` by a runtime value); pfN: N tiles per program, the next tile's load issued before the current tile's stores
-# (grid / N programs); tT_wW: T-element tiles of W warps
+# quantiser configs (bit-exact to the default, see triton_quant's docstring): name -> kwargs of the launchers. i32c
+# (int32 indexing with groups_per_row a constexpr) is the launchers' default since after session 5's 14:30 run
+# (1.00-1.43x the old default at every count), so the API rows time it; i64: the old default (int64 `//` and `%` by
+# a runtime value; per_token_group_quant_fp8 with its old 8192-element tiles); pfN: N tiles per program, the next
+# tile's load issued before the current tile's stores (grid / N programs); tT_wW: T-element tiles of W warps
 _I32C = {"idx32": True, "const_gpr": True}
+_I64 = {"idx32": False, "const_gpr": False}
 PTGQ_CONFIGS = {
-    "i32c": _I32C,
+    "i64_t8192": {**_I64, "tile_elems": 8192},
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
     "i32c_t4096_w4_pf4": {**_I32C, "tiles_per_program": 4, "tile_elems": 4096, "num_warps": 4},
 }
 KVQ_CONFIGS = {
-    "i32c": _I32C,
+    "i64": _I64,
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
     "i32c_t2048_w4_pf4": {**_I32C, "tiles_per_program": 4, "tile_elems": 2048, "num_warps": 4},
 }
 SWIGLU_FP8_CONFIGS = {
-    "i32c": _I32C,
+    "i64": _I64,
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
     "i32c_pf4": {**_I32C, "tiles_per_program": 4},
 }
@@ -374,12 +376,10 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _kv_args(dev, t),
             tk.kv_norm_rope_quant,
             ref.kv_norm_rope_quant,
-            # pf*: the prefetching loop kernel, up to 2 / 4 / 8 one-token blocks per program, 64 registers
-            # (nocap: none; first: --smoke runs one config); bt*_w1: more rows per 1-warp program; bt2_w2 /
-            # early_cs: session-3 / -4 configs (0.82x / 0.95x of the default in session 5)
+            # bt*_w1: more rows per 1-warp program (1.04-1.08x from 4,096 tokens up in session 5's 14:30 run, not
+            # the default: tested within one ulp, not bit for bit); bt2_w2 / early_cs: session-3 / -4 configs.
+            # (pf2 / pf4 / pf8 / pf4_nocap, a prefetching loop kernel, 0.44-0.93x from 4,096 up: removed)
             variants={
-                **{f"pf{nb}": functools.partial(_KV, blocks_per_program=nb) for nb in (2, 4, 8)},
-                "pf4_nocap": functools.partial(_KV, blocks_per_program=4, loop_maxnreg=0),
                 **{
                     f"bt{bt}_w{w}": functools.partial(_KV, block_t=bt, num_warps=w)
                     for bt, w in ((2, 1), (4, 1), (2, 2))
@@ -393,7 +393,9 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _pool_args(dev, max(1, t // 4), 8),
             tk.softmax_pool,
             ref.softmax_pool,
-            variants={"bc512_w4": functools.partial(_POOL, block_c=512, num_warps=4)},
+            # the default tile with 4 warps (the default from 1,024 windows up since session 5's 14:30 run, see
+            # triton_pool.FEW_WARPS_WINDOWS) and with 8 (the default below): both sides of the size rule
+            variants={f"bc512_w{w}": functools.partial(_POOL, block_c=512, num_warps=w) for w in (4, 8)},
         ),
         Case(
             "softmax_pool",

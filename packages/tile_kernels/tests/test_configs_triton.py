@@ -24,6 +24,7 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit in the kernel modules
 pytest.importorskip("triton")
 
+from deepinfer.tile_kernels.api_quant import PTGQ_TILE_ELEMS  # noqa: E402
 from deepinfer.tile_kernels.ref import quant as ref_quant  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -94,13 +95,15 @@ def check_configs(t: int) -> None:
 
 
 def check_quant_round2(x: torch.Tensor, kv: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
-    """The round-2 quantiser configs of the benchmark (int32 / constexpr indexing, tiles per program) give the
-    default's bytes: x [m, k] in groups of 128 (2^e scales, exponents and amax / 448 scales), kv [t, 448] (a
-    strided view) quant-dequantised in blocks of 64, SwiGLU + FP8 of gate / up [rows, n] in groups of 128."""
+    """The quantiser configs of the benchmark (`i64`: the session-4 int64-indexed kernels; int32 / constexpr
+    indexing, tiles per program) give the default's (i32c since after session 5's 14:30 run) bytes: x [m, k] in
+    groups of 128 (2^e scales, exponents and amax / 448 scales), kv [t, 448] (a strided view) quant-dequantised in
+    blocks of 64, SwiGLU + FP8 of gate / up [rows, n] in groups of 128."""
     for mode in ("pow2", "exp", "fp32"):
-        want = _Q.fp8_group_quant_triton(x, 128, mode, tile_elems=8192)  # per_token_group_quant_fp8's tile
+        want = _Q.fp8_group_quant_triton(x, 128, mode, tile_elems=PTGQ_TILE_ELEMS)  # per_token_group_quant_fp8's
         for name, kw in PTGQ_CONFIGS.items():
-            _equal(_Q.fp8_group_quant_triton(x, 128, mode, **{"tile_elems": 8192, **kw}), want, f"ptgq {mode} {name}")
+            got = _Q.fp8_group_quant_triton(x, 128, mode, **{"tile_elems": PTGQ_TILE_ELEMS, **kw})
+            _equal(got, want, f"ptgq {mode} {name}")
     want = _Q.fp8_group_quant_triton(kv, 64, "dequant")
     for name, kw in KVQ_CONFIGS.items():
         _equal(_Q.fp8_group_quant_triton(kv, 64, "dequant", **kw), want, f"kv quant-dequant {name}")
@@ -141,9 +144,6 @@ def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
     run = _F.kv_norm_rope_quant_triton
     want, plain = run(kv, w, cos, sin, 64, 1e-6, 64), run(kv, w, cos, sin, 64, 1e-6, None)
     _equal(run(kv, w, cos, sin, 64, 1e-6, 64, early_cos_sin=True), want, "kv early_cos_sin")
-    for nb, cap in ((2, None), (4, None), (8, None), (4, 0)):  # the prefetching loop kernel (pf*): the default's
-        kw = {"blocks_per_program": nb, **({} if cap is None else {"loop_maxnreg": cap})}  # tiling: the same bits
-        _equal(run(kv, w, cos, sin, 64, 1e-6, 64, **kw), want, f"kv {kw}")
     ulp = torch.finfo(torch.bfloat16).eps * plain.float().abs() + 1e-30
     tilings = ({"block_t": 4, "num_warps": 4}, {"block_t": 2, "num_warps": 2}, {"block_t": 16, "num_warps": 8})
     for kw in (*tilings, {"block_t": 2, "num_warps": 1}, {"block_t": 4, "num_warps": 1}):
@@ -154,8 +154,52 @@ def _check_kv_configs(t: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         got = run(kv, w, cos, sin, 64, 1e-6, 64, **kw2)
         _equal(got[:, :448], ref_quant.fp8_quant_dequant_ue8m0(p[:, :448], 64), f"kv {kw2} quantised")
         _equal(got[:, 448:], p[:, 448:], f"kv {kw2} rope dims")
-        if kw["num_warps"] == 1:  # the loop kernel on this tiling: the same bits as the plain kernel on it
-            _equal(run(kv, w, cos, sin, 64, 1e-6, 64, blocks_per_program=2, **kw2), got, f"kv {kw2} loop")
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: records the launch's keyword arguments (no computation)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __getitem__(self, grid: tuple):  # noqa: ANN204
+        return lambda *args, **kw: self.calls.append({"grid": grid, **kw})
+
+
+def test_default_rules_pick_what_they_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults set after session 5's 14:30 run: the quantisers launch the i32c kernel (int32 indices,
+    groups_per_row constexpr, one tile per program; `i64` the old kernel), per_token_group_quant_fp8's tile is 4096
+    elements, and softmax_pool takes 4 warps on CSA tiles from 1,024 windows up, 8 below."""
+    rec, old = _Recorder(), _Recorder()
+    monkeypatch.setattr(_Q, "_fp8_group_tiles_kernel", rec)
+    monkeypatch.setattr(_Q, "_fp8_group_kernel", old)
+    x = _randn(4, 1024, seed=1)
+    assert PTGQ_TILE_ELEMS == 4096
+    _Q.fp8_group_quant_triton(x, 128, "pow2", tile_elems=PTGQ_TILE_ELEMS)
+    _Q.fp8_group_quant_triton(x[:, :448], 64, "dequant")
+    _Q.fp8_group_quant_triton(x, 128, "pow2", tile_elems=8192, idx32=False, const_gpr=False)  # the i64_t8192 config
+    assert [(c["IDX32"], c["GPR"], c["TILES"], c["grid"]) for c in rec.calls] == [
+        (True, 8, 1, (1,)),
+        (True, 7, 1, (1,)),
+    ]
+    assert rec.calls[0]["BLOCK_G"] == 4096 // 128 and len(old.calls) == 1 and old.calls[0]["BLOCK_G"] == 32
+    rec_f, old_f = _Recorder(), _Recorder()
+    monkeypatch.setattr(_F, "_swiglu_fp8_tiles_kernel", rec_f)
+    monkeypatch.setattr(_F, "_swiglu_fp8_kernel", old_f)
+    _F.swiglu_clamp_fp8_triton(x[:, :512], x[:, 512:], 10.0, 128)
+    _F.swiglu_clamp_fp8_triton(x[:, :512], x[:, 512:], 10.0, 128, idx32=False, const_gpr=False)
+    assert [(c["IDX32"], c["GPR"], c["TILES"]) for c in rec_f.calls] == [(True, 4, 1)] and len(old_f.calls) == 1
+    pool = _Recorder()
+    monkeypatch.setattr(_P, "_pool_kernel", pool)
+    for w in (16, 1023, 1024, 4096):
+        kv = torch.empty(w, 8, 512, device=DEV)  # never read: the kernel is the recorder
+        _P.softmax_pool_triton(kv, kv)
+    assert [(c["grid"][0], c["BLOCK_C"], c["num_warps"]) for c in pool.calls] == [
+        (16, 512, 8),
+        (1023, 512, 8),
+        (1024, 512, 4),
+        (4096, 512, 4),
+    ]
 
 
 def test_configs_match_default() -> None:
@@ -181,6 +225,6 @@ def test_gpu_quant_round2_configs_v4(t: int) -> None:
 
     x, kv, h = dev_randn(t, 4096, seed=21), dev_randn(t, 512, seed=22)[:, :448], dev_randn(6 * t, 4096, seed=23)
     check_quant_round2(x, kv, h[:, :2048], h[:, 2048:])
-    q, s = _Q.fp8_group_quant_triton(x, 128, "pow2", tile_elems=8192)
+    q, s = _Q.fp8_group_quant_triton(x, 128, "pow2", tile_elems=PTGQ_TILE_ELEMS)
     _equal((q, s), ref_quant.per_token_group_quant_fp8(x, 128, "ue8m0"), "ptgq default vs reference")
     _equal(_Q.fp8_group_quant_triton(kv, 64, "dequant")[0], ref_quant.fp8_quant_dequant_ue8m0(kv, 64), "kv vs ref")

@@ -226,51 +226,6 @@ def test_kv_token_blocks(paged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.isnan(cache[[5, 6, 8, 11]]).all()
 
 
-def _check_kv_loop(kv: torch.Tensor, w: torch.Tensor, rope_dim: int, qb: int | None, blocks: int, **kw) -> None:
-    """The prefetching loop kernel (`blocks_per_program`) against the default kernel, same block_t / warps: bit for
-    bit, as a new tensor and scattered into a NaN-poisoned cache through rows with skipped (negative) entries."""
-    t, d = kv.shape
-    cos, sin = _tables(t, rope_dim, seed=d)
-    want = kv_norm_rope_quant_triton(kv, w, cos, sin, rope_dim, 1e-6, qb, **kw)
-    _same(kv_norm_rope_quant_triton(kv, w, cos, sin, rope_dim, 1e-6, qb, blocks_per_program=blocks, **kw), want)
-    g = torch.Generator().manual_seed(t)
-    rows = torch.randperm(t + 3, generator=g)[:t]
-    rows[torch.rand(t, generator=g) < 0.2] = -1
-    rows = rows.to(DEV)
-    cache = torch.full((t + 3, d), float("nan"), dtype=kv.dtype, device=DEV)
-    kv_norm_rope_quant_triton(kv, w, cos, sin, rope_dim, 1e-6, qb, cache, rows, blocks_per_program=blocks, **kw)
-    keep = rows >= 0
-    _same(cache[rows[keep]], want[keep])
-    unwritten = torch.ones(t + 3, dtype=torch.bool, device=DEV)
-    unwritten[rows[keep]] = False
-    assert torch.isnan(cache[unwritten].float()).all(), "a row no token maps to was written"
-
-
-@pytest.mark.parametrize(
-    ("t", "d", "qb", "bt", "dtype"),
-    [(11, 128, 32, 1, torch.bfloat16), (13, 64, None, 2, torch.bfloat16), (9, 96, 16, 4, torch.float32)],
-    ids=["bf16-bt1", "bf16-noquant-bt2", "fp32-bt4"],
-)
-def test_kv_loop_kernel_matches_default(
-    t: int, d: int, qb: int | None, bt: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """3-4 blocks of bt tokens per program, the last program partial (t not a multiple of its tokens)."""
-    monkeypatch.setattr(_F, "KV_TARGET_PROGRAMS", 1)  # CPU-sized t: let the programs take several blocks
-    assert _F._kv_loop_blocks(t, bt, 4) == min(4, -(-t // bt))
-    kv = _randn(t, d, seed=t + d, scale=3.0, dtype=dtype)
-    _check_kv_loop(kv, _randn(d, seed=d + 5, dtype=dtype) + 1.0, 32, qb, 4, block_t=bt)
-
-
-def test_kv_loop_blocks_rule() -> None:
-    """At most the asked blocks, never under KV_TARGET_PROGRAMS programs while the tokens allow; bad values raise."""
-    assert _F._kv_loop_blocks(16384, 1, 4) == 4  # 4,096 programs
-    assert _F._kv_loop_blocks(4096, 1, 16) == 8  # 512 programs
-    assert _F._kv_loop_blocks(64, 1, 4) == 1  # decode: one token per program, as the default
-    for bad in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match="blocks_per_program"):
-            _F._kv_loop_blocks(64, 1, bad)
-
-
 # --------------------------------------------------------------------------------------------------------- GPU
 
 
@@ -291,14 +246,3 @@ def test_gpu_v4_flash_shapes(t: int) -> None:
     rows = torch.randperm(2 * t, device=DEV)[:t]
     kv_norm_rope_quant_triton(kv, w, cos, sin, 64, 1e-6, 64, out=cache, rows=rows)
     _same(cache[rows], got)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("blocks", [2, 4, 8])
-@pytest.mark.parametrize("t", [1, 4096, 16384])
-def test_gpu_kv_loop_kernel(t: int, blocks: int) -> None:
-    """The benchmark's `pf*` configs on the KV entry [t, 512] bf16 (rope 64, FP8 blocks of 64): bit for bit the
-    default kernel's output, new tensor and paged write (t = 1: one block, the prefetch fully masked)."""
-    kv = _randn(t, 512, seed=t + 7, scale=3.0, dtype=torch.bfloat16)
-    _check_kv_loop(kv, _randn(512, seed=t + 8, dtype=torch.bfloat16) + 1.0, 64, 64, blocks)

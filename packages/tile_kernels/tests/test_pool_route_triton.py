@@ -214,3 +214,7 @@ def test_pool_default_warps() -> None:
     assert _POOL._warps(128, 32) == 4
     assert _POOL._warps(8, 512) == 8
     assert _POOL._warps(2, 16) == 1
+    # session 5's size rule: CSA [W, 8, 512] at most 4 warps from FEW_WARPS_WINDOWS (1,024) windows up
+    assert _POOL.FEW_WARPS_WINDOWS == 1024
+    assert [_POOL._warps(8, 512, w) for w in (1, 16, 1023, 1024, 4096)] == [8, 8, 8, 4, 4]
+    assert _POOL._warps(128, 32, 1) == 4 and _POOL._warps(2, 16, 4096) == 1

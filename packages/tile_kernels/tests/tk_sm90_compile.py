@@ -240,10 +240,6 @@ for rows in (False, True):
         )
 kcx = {"HAS_ROWS": True, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_T": 8, "BLOCK_D": 512, "IS_BF16": True}
 go("kv early cos/sin", f._kv_fused_kernel, ks, {**kcx, "HW_CAST": True, "EARLY_CS": True}, 8, False)
-# the prefetching loop kernel (benchmark configs pf*): 1 token / 1 warp per block, 4 blocks per program, capped
-for rows in (False, True):
-    lcx = {**kcx, "HAS_ROWS": rows, "BLOCK_T": 1, "HW_CAST": True, "BLOCKS": 4}
-    go(f"kv loop rows={rows}", f._kv_fused_loop_kernel, ks, lcx, 1, False, 3, f.KV_LOOP_MAXNREG)
 k32 = dict(ks)
 k32.update({"kv_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32"})
 go(

@@ -40,11 +40,13 @@ from .reference import XPayload
 
 HEAD_BYTES = 4096  # int64 flags at the head of each buffer (count / row flags, or combine flags)
 ENV = "DEEPINFER_DEEP_EP_OVERLAP"  # "0": num_worst_tokens calls that do not pass overlap take `_nosync`
-# program order of the dispatch launch (`overlap.ORDERS`): "serial" (the default) or "mixed" (session 5, not
-# GPU-run yet: the copy-out programs launched first, pushes and own-block copies interleaved); read per call
+# program order of the dispatch launch (`overlap.ORDERS`): "serial" (the default) or "mixed" (session 5: the
+# copy-out programs launched first, pushes and own-block copies interleaved; round 3 on 2 H200s: dispatch bf16
+# 136.7 vs 150.3 us from a CUDA graph, bit-exact, but its 2-GPU test has not run on GPUs); read per call
 ORDER_ENV = "DEEPINFER_DEEP_EP_OVERLAP_ORDER"
-# the combine launch's config (`overlap.COMBINE_CONFIGS`): "base" (the default), "wide" / "wide4" (session 5, not
-# GPU-run yet: 2x / 4x the tokens per reduce program, so the reduction of the last rows to land takes fewer rounds)
+# the combine launch's config (`overlap.COMBINE_CONFIGS`): "base" (the default), "wide" / "wide4" (session 5: 2x /
+# 4x the tokens per reduce program, so the reduction of the last rows to land takes fewer rounds; round 3 on 2
+# H200s: 111.7 / 112.6 vs 113.2 us from a CUDA graph, 2-GPU test passed: 1.1-1.4 %, one run, so not the default)
 COMBINE_ENV = "DEEPINFER_DEEP_EP_OVERLAP_COMBINE"
 # polls before a wait gives up (sets the timeout flag): a peer's first call may still be compiling its
 # kernels (tens of seconds) while ours already waits on the GPU
@@ -61,7 +63,9 @@ def enabled(overlap: bool | None) -> bool:
     dispatch: layout 10.3 + one kernel 142.2 us vs `_nosync`'s 65.0 + 23.2 + 5.5 + 97.6 + 7.9 + 44.8 us. Eager
     calls (host-bound, so they time the host's launch work more than the GPU's): FP8 dispatch 324 vs 710 us
     and combine 135 vs 203 us win, bf16 dispatch loses (579 vs 457 us, not investigated); a CUDA graph is how
-    the no-sync mode is meant to run. Cost: its own symmetric
+    the no-sync mode is meant to run. Round 3 (benchmarks/results/2026-11-30-s5r3-bench-deep_ep.json) repeated
+    the graph rows (150.3 vs 219.9, 88.9 vs 157.8, 113.2 vs 126.0 us) while the eager ones flipped (dispatch bf16
+    470 vs 615 us and FP8 595 vs 645 win, combine 191 vs 178 loses): host-bound noise. Cost: its own symmetric
     buffers (2 x R x W rows per field for dispatch and combine, about 540 MB per rank at those shapes)."""
     if overlap is not None:
         return bool(overlap)

@@ -41,7 +41,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SCALE_FMTS = ("ue8m0", "fp32")
 _HADAMARD_MAX_N = 1024  # triton_hadamard.MAX_N (kept here so the CPU path never imports triton)
 
-PTGQ_TILE_ELEMS = 8192  # per_token_group_quant_fp8's Triton tile (elements per program)
+# per_token_group_quant_fp8's Triton tile (elements per program). 4096 since after session 5's 14:30 run, with the
+# quantisers' i32c indexing (the launcher's default): the measured `i32c` config, 1.00-1.43x the old default (the
+# int64-indexed kernel with 8192-element tiles, which round 1 had made 1.06x over 4096 on that kernel) at 1 / 64 /
+# 4,096 / 16,384 tokens (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json); same bits
+PTGQ_TILE_ELEMS = 4096
 
 
 def _check_tensor(name: str, x: object, dtypes: tuple[torch.dtype, ...], min_dim: int = 1) -> torch.Tensor:
@@ -180,7 +184,7 @@ def per_token_group_quant_fp8(
     _check_block("group_size", group_size, x.shape[-1])
     fmt = _check_scale_fmt(scale_fmt)
     if _fp8_fast(x, group_size):
-        # 8192-element tiles (8 warps by the launcher's rule): H200 round 1, [16384, 4096]: 1.06x over 4096
+        # PTGQ_TILE_ELEMS-element tiles (8 warps by the launcher's rule), i32c indexing (see PTGQ_TILE_ELEMS)
         return _fp8_triton(x, group_size, "pow2" if fmt == "ue8m0" else "fp32", PTGQ_TILE_ELEMS)
     return _ref.per_token_group_quant_fp8(x, group_size, fmt)
 

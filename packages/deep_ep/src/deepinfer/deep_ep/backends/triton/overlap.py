@@ -60,7 +60,7 @@ FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
 BIG: tl.constexpr = tl.constexpr(1 << 62)
 # program orders of the dispatch launch (`dispatch(order=...)`, `_role_pid`): "serial" (session 4: A, B, C, D,
 # E by program id, so every wait is on a role dispatched earlier: what the CPU interpreter, which runs the
-# programs one after another, needs) or "mixed" (session 5, not GPU-run yet: D's copy-out programs right after
+# programs one after another, needs) or "mixed" (session 5, opt-in: D's copy-out programs right after
 # A on CUDA, then B and C interleaved per token block; on CPU only the interleave, D after them)
 ORDERS = ("serial", "mixed")
 # early (spinning) copy-out programs per launch, far below what the GPU holds at once: Triton 3.6 builds this
@@ -68,7 +68,7 @@ ORDERS = ("serial", "mixed")
 # on 132 SMs (cuobjdump of the sm_90a cubins, R = 2 and 8), so the programs that make progress always get SMs
 EARLY_MAX = 128
 # combine configs (`combine(config=...)`, DEEPINFER_DEEP_EP_OVERLAP_COMBINE): tokens per reduce program.
-# "base" (the default): BLOCK_T, the session-4 kernel. "wide" / "wide4" (session 5, not GPU-run yet): 2x / 4x. Why: the
+# "base" (the default): BLOCK_T, the session-4 kernel. "wide" / "wide4" (session 5, opt-in): 2x / 4x. Why: the
 # 128 persistent send programs move rows in waves of 128 * BLOCK_T rows (program j takes row blocks j, j + 128,
 # ...), so the last wave (512 rows, ~4 MB) lands at the very end of the send and its 1024 reduce programs (4
 # tokens x 512 columns each, a chain of dependent loads: positions, tags, rows) run after it in ~3 rounds of the

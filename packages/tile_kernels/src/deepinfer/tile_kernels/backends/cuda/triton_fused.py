@@ -7,10 +7,9 @@
   `triton_norm`), rounded to kv.dtype; RoPE of the last rope_dim dims as interleaved pairs (fp fusion off, the
   reference's roundings, see `triton_rope`), rounded to kv.dtype; the FP8 quant-dequant of the other dims in
   blocks (bit-exact `triton_quant` math); the row written into a cache at rows[i] (the paged write), or a new
-  tensor. A program takes BLOCK_T tokens (1 at d = 512, one warp); the rows live in registers. Benchmark config
-  `blocks_per_program` (not the default): `_kv_fused_loop_kernel`, where a program takes several such blocks and
-  loads the next one's rows before working on the current one (the default's 1 KB row per 1-warp program leaves
-  too few bytes in flight per SM: 47.8 % of copy on the H200), with the same bits.
+  tensor. A program takes BLOCK_T tokens (1 at d = 512, one warp); the rows live in registers. (A prefetching
+  loop kernel, several such blocks per program with the next block's loads issued first, lost to this at every
+  count from 4,096 tokens up on the H200, 0.44-0.93x, and was removed after session 5: see the README.)
 Both round to the activation dtype between steps exactly where the unfused reference does, so the only
 differences from the reference are those of the single kernels (fp32 reduction order, exp accuracy), which can
 move a value by one bf16 ulp before the quantiser. No host sync (CUDA-graph safe); blocks from shapes only.
@@ -32,12 +31,11 @@ TILE_ELEMS = 4096
 KV_TARGET_PROGRAMS = 512
 # KV tile: 1 token of d = 512 per program, 1 warp (H200, 2026-11-30: 19.7 us vs 23.9 for 2 tokens / 2 warps and
 # 36.7 for 8 / 8, bit-identical; the 16 MB op is launch / tail bound, and small programs spread it over the SMs
-# in finer steps)
+# in finer steps). Session 5's 14:30 run (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json): more
+# tokens per 1-warp program were faster from 4,096 tokens up (bt4_w1 1.08x at 16,384, bt2_w1 1.04x at 4,096; 0.67-
+# 0.93x at 1 / 64), but those tilings may sum the RMSNorm squares in another order and are tested within one ulp,
+# not bit for bit, against this default, so no size rule was made from them (see the README)
 KV_TILE_ELEMS = 512
-# register cap of `_kv_fused_loop_kernel` on a GPU (0: none): an SM holds at most 32 programs, and 32 one-warp
-# programs fit its 64K registers at <= 64 a thread (CUDA 13.0 ptxas -v of Triton 3.9's PTX, sm_90a, V4 shapes:
-# 71 uncapped, 64 capped without spills; the default kernel: 63)
-KV_LOOP_MAXNREG = 64
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
@@ -239,57 +237,6 @@ def _kv_fused_kernel(
     _kv_store(y, t0, T, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST)
 
 
-@triton.jit
-def _kv_load(kv_ptr, cos_ptr, sin_ptr, t0, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE: tl.constexpr,
-             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """Tokens t0 .. t0 + BT - 1 (those < t_end): kv rows [BT, BD] in kv's dtype and cos, sin [BT, BD / 2] fp32."""
-    tok = t0 + tl.arange(0, BLOCK_T)
-    tmask = tok < t_end
-    cols = tl.arange(0, BLOCK_D)
-    x = tl.load(kv_ptr + tok[:, None] * skr + cols[None, :] * skc, mask=tmask[:, None] & (cols < d)[None, :], other=0.0)
-    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2
-    kr = (k >= 0) & (k < (d - NOPE) // 2)
-    c, s = _cos_sin(cos_ptr, sin_ptr, tok, tl.maximum(k, 0), tmask[:, None] & kr[None, :], sct, sck, sst, ssk)
-    return x, c, s
-
-
-@triton.jit
-def _kv_fused_loop_kernel(
-    kv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows_ptr,
-    T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
-    HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, BLOCKS: tl.constexpr,
-):  # fmt: skip
-    """`_kv_fused_kernel`'s contract and math, but program p takes BLOCKS blocks of BLOCK_T tokens one after the
-    other and loads block i + 1's kv / cos / sin before block i's norm, RoPE, quantiser and stores (a prefetch in
-    registers): its next rows are in flight while it computes, where a one-block program's only load waits alone.
-    The weight is loaded once per program. Same per-row operations in the same order as `_kv_fused_kernel` with
-    the same BLOCK_T / warps, so the same bits.
-    """
-    t_lo = tl.program_id(0).to(tl.int64) * (BLOCKS * BLOCK_T)
-    t_end = tl.minimum(t_lo + BLOCKS * BLOCK_T, T)  # this program's last token + 1
-    cols = tl.arange(0, BLOCK_D)
-    cmask = cols < d
-    k = tl.arange(0, BLOCK_D // 2) - NOPE // 2
-    kr = (k >= 0) & (k < (d - NOPE) // 2)
-    w = tl.load(w_ptr + cols * sw, mask=cmask, other=0.0).to(tl.float32)
-    dt = kv_ptr.dtype.element_ty
-    x, c, s = _kv_load(kv_ptr, cos_ptr, sin_ptr, t_lo, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE, BLOCK_T, BLOCK_D)
-    t0 = t_lo
-    for _ in range(BLOCKS):
-        # the next block (all masked after the last): issued before this block's math and stores
-        xn, cn, sn = _kv_load(
-            kv_ptr, cos_ptr, sin_ptr, t0 + BLOCK_T, t_end, d, skr, skc, sct, sck, sst, ssk, NOPE, BLOCK_T, BLOCK_D
-        )
-        a, b = _pairs(_kv_norm(x.to(tl.float32), w, d, eps, dt, IS_BF16, HW_CAST), BLOCK_T, BLOCK_D)
-        y = _kv_rope(a, b, c, s, kr, dt, BLOCK_T, BLOCK_D, IS_BF16, HW_CAST)
-        _kv_store(
-            y, t0, t_end, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST
-        )
-        x, c, s = xn, cn, sn
-        t0 += BLOCK_T
-
-
 def _float(name: str, t: object, ndim: int | None = None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be a fp32/bf16/fp16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
@@ -308,8 +255,8 @@ def swiglu_clamp_fp8_triton(
     *,
     tile_elems: int | None = None,
     num_warps: int | None = None,
-    idx32: bool = False,
-    const_gpr: bool = False,
+    idx32: bool = True,
+    const_gpr: bool = True,
     tiles_per_program: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt) in one pass.
@@ -318,8 +265,10 @@ def swiglu_clamp_fp8_triton(
     in [2, 4096]; scale_fmt "ue8m0" (2^e scales) or "fp32" (amax / 448). Returns (q float8_e4m3fn [..., n],
     scales fp32 [..., n / group_size]). `store_y` (tests): returns (the SwiGLU output in gate.dtype, None).
     tile_elems / num_warps: benchmark configs (None: TILE_ELEMS elements per program, the default warps).
-    idx32 / const_gpr / tiles_per_program: benchmark configs of `triton_quant.fp8_group_quant_triton` (any set, and
-    not store_y: `_swiglu_fp8_tiles_kernel`; same bits).
+    idx32 / const_gpr / tiles_per_program: as in `triton_quant.fp8_group_quant_triton` (any set, as by default, and
+    not store_y: `_swiglu_fp8_tiles_kernel`; idx32=False, const_gpr=False: the session-4 `_swiglu_fp8_kernel`, the
+    benchmark config `i64`; same bits). The i32c default since after session 5's 14:30 run: 1.04-1.15x the old
+    kernel at 1 / 64 / 4,096 / 16,384 tokens (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json).
     """
     _float("gate", gate)
     _float("up", up)
@@ -343,7 +292,7 @@ def swiglu_clamp_fp8_triton(
     if n_groups:
         g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
         bg = max(1, min((tile_elems or TILE_ELEMS) // group_size, triton.next_power_of_2(n_groups)))
-        if not store_y and (idx32 or const_gpr or tiles_per_program != 1):
+        if not store_y and (idx32 or const_gpr or tiles_per_program != 1):  # the default (i32c) and configs
             cfg = (idx32, const_gpr, tiles_per_program)
             _swiglu_tiles(g2, u2, q, s, limit, scale_fmt, group_size, bg, num_warps, *cfg)
             return q, s
@@ -362,7 +311,7 @@ def _swiglu_tiles(
     g2: torch.Tensor, u2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, limit: float | None, scale_fmt: str,
     group: int, bg: int, num_warps: int | None, idx32: bool, const_gpr: bool, tiles: int,
 ) -> None:  # fmt: skip
-    """`_swiglu_fp8_tiles_kernel` on gate / up [rows, n] (the benchmark configs of `swiglu_clamp_fp8_triton`)."""
+    """`_swiglu_fp8_tiles_kernel` on gate / up [rows, n] (default and configs of `swiglu_clamp_fp8_triton`)."""
     if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
         raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
     n_groups, gpr = g2.numel() // group, g2.shape[1] // group
@@ -414,8 +363,6 @@ def kv_norm_rope_quant_triton(
     block_t: int | None = None,
     num_warps: int | None = None,
     early_cos_sin: bool = False,
-    blocks_per_program: int | None = None,
-    loop_maxnreg: int = KV_LOOP_MAXNREG,
 ) -> torch.Tensor:
     """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
 
@@ -424,11 +371,7 @@ def kv_norm_rope_quant_triton(
     or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
     None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
     block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
-    early_cos_sin: the kernel's EARLY_CS (a benchmark config). blocks_per_program (a benchmark config; None: the
-    default kernel): run `_kv_fused_loop_kernel` instead, each program taking up to that many blocks of block_t
-    tokens with the next block's loads issued before the current block's work (`_kv_loop_blocks`: fewer while
-    the grid would drop under KV_TARGET_PROGRAMS programs); same results bit for bit. loop_maxnreg: its register
-    cap on a GPU (0: none; the interpreter takes none).
+    early_cos_sin: the kernel's EARLY_CS (a benchmark config).
     """
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
@@ -461,19 +404,5 @@ def kv_norm_rope_quant_triton(
     kw = {"HAS_ROWS": rows is not None, "NOPE": nope, "QUANT": quant, "QB": qb, "BLOCK_T": bt, "BLOCK_D": bd}
     kw.update(IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, enable_fp_fusion=False)
     kw["num_warps"] = num_warps or max(1, min(8, bt * bd // 512))
-    if blocks_per_program is None:
-        _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), **kw)
-    else:
-        nb = _kv_loop_blocks(t, bt, blocks_per_program)
-        if loop_maxnreg and kv.is_cuda:  # a compile option: only on a GPU
-            kw["maxnreg"] = int(loop_maxnreg)
-        _kv_fused_loop_kernel[(triton.cdiv(t, bt * nb),)](*args, BLOCKS=nb, **kw)
+    _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), **kw)
     return out
-
-
-def _kv_loop_blocks(t: int, bt: int, most: int) -> int:
-    """Blocks of bt tokens per `_kv_fused_loop_kernel` program: at most `most` (>= 1), fewer while the grid would
-    have under KV_TARGET_PROGRAMS programs (decode keeps one block per program, spread over the SMs)."""
-    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
-        raise ValueError(f"blocks_per_program must be None or an int >= 1, got {most!r}")
-    return max(1, min(most, triton.cdiv(t, bt) // KV_TARGET_PROGRAMS))

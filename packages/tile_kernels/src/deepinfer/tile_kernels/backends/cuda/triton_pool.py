@@ -19,6 +19,11 @@ __all__ = ["MAX_SLOTS", "softmax_pool_triton"]
 
 MAX_SLOTS = 1024  # slots of one window held in registers (V4: 8 with overlap, 128)
 TILE_ELEMS = 4096  # elements of one [slots, BLOCK_C] tile
+# from this many windows up, at most 4 warps for every tile (a size rule, since after session 5's 14:30 run, H200,
+# benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json, CSA [W, 8, 512] fp32: the default tile with 4
+# warps instead of 8 (`bc512_w4`) 1.06x at 1,024 windows, 1.08x at 4,096 (85.6 % of copy); 0.79x at 16 and 0.83x at
+# 1, where a few programs must each move their tile fast, so small grids keep 8)
+FEW_WARPS_WINDOWS = 1024
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _NEG_INF = tl.constexpr(float("-inf"))
 
@@ -55,11 +60,13 @@ def _pool_kernel(
     tl.store(out_ptr + w * C + cols, out, mask=cmask)
 
 
-def _warps(bs: int, bc: int) -> int:
-    """Default warps of a [bs, bc] tile: one per 512 elements, at most 4 when the window has >= 64 slots (the
-    slot softmax then reduces across fewer warps: H200 round 1, HCA [128 windows, 128 slots]: 4 warps 1.10x
-    over 8), else at most 8."""
-    return max(1, min(4 if bs >= 64 else 8, bs * bc // 512))
+def _warps(bs: int, bc: int, windows: int = 1) -> int:
+    """Default warps of a [bs, bc] tile over `windows` windows: one per 512 elements, at most 4 when the window has
+    >= 64 slots (the slot softmax then reduces across fewer warps: H200 round 1, HCA [128 windows, 128 slots]: 4
+    warps 1.10x over 8) or when there are >= FEW_WARPS_WINDOWS windows (CSA, see FEW_WARPS_WINDOWS), else at most
+    8."""
+    few = bs >= 64 or windows >= FEW_WARPS_WINDOWS
+    return max(1, min(4 if few else 8, bs * bc // 512))
 
 
 def softmax_pool_triton(
@@ -111,6 +118,6 @@ def softmax_pool_triton(
         score.stride(2),
         BLOCK_S=bs,
         BLOCK_C=bc,
-        num_warps=num_warps or _warps(bs, bc),
+        num_warps=num_warps or _warps(bs, bc, w),
     )
     return out

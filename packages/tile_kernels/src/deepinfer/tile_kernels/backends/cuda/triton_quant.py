@@ -21,18 +21,20 @@ Bit-exactness, step by step against the reference:
 * non-finite groups: exponent 128, q NaN, dequantised NaN, fp32 2^e scale inf (the reference's ldexp(1, 128)).
 No host sync (CUDA-graph safe); blocks come from shapes only.
 
-Benchmark configs (round 2 of session 5, not GPU-run yet, not the default): `_fp8_group_tiles_kernel`, the same
-quantiser math (`quant_tile_store`) with other indexing and load order. What the default does per program (sm_90a
-PTX of Triton, [64, 128] bf16 tile, 8 warps, checked with CUDA 13.0 ptxas: 32 registers, so 8 programs / SM): 4
-16-byte loads a thread, two amax reductions over 8 lanes, 2 16-byte fp8 stores and one scale store, and each
-group's (row, column) from an int64 `//` and `%` by the runtime groups_per_row (a div.s64 with a 32-bit fast path
-per row a thread holds). Each program loads one tile, quantises, stores and exits, so an SM's loads stop while its
-programs reduce and store, and the 16,384-token grids end in a partial wave (ptgq: 8,192 programs over 1,056
-slots; the kv quant-dequant: 1,792, 1.7 waves). The configs: `idx32` (int32 index math when every offset fits),
-`const_gpr` (groups_per_row a constexpr: a multiply-shift, a shift for powers of two) and `tiles_per_program` n
-(a program takes n tiles, tile pid + i * grid, and loads tile i + 1 before it quantises and stores tile i:
-more bytes in flight while it computes, n times fewer programs; 47-48 registers at n = 2-4). All are bit-exact
-to the default (same math per group; only the indexing and the load order change).
+The default kernel since after session 5's 14:30 run: `_fp8_group_tiles_kernel` with `idx32` and `const_gpr` (config
+`i32c`), the same quantiser math (`quant_tile_store`) as the session-4 default `_fp8_group_kernel`, with other
+indexing and load order. What `_fp8_group_kernel` does per program (sm_90a PTX of Triton, [64, 128] bf16 tile, 8
+warps, checked with CUDA 13.0 ptxas: 32 registers, so 8 programs / SM): 4 16-byte loads a thread, two amax
+reductions over 8 lanes, 2 16-byte fp8 stores and one scale store, and each group's (row, column) from an int64
+`//` and `%` by the runtime groups_per_row (a div.s64 with a 32-bit fast path per row a thread holds). The
+options: `idx32` (int32 index math when every offset fits, else int64), `const_gpr` (groups_per_row a constexpr: a
+multiply-shift, a shift for powers of two; one compilation per row width) and `tiles_per_program` n (a benchmark
+config: a program takes n tiles, tile pid + i * grid, and loads tile i + 1 before it quantises and stores tile i;
+47-48 registers at n = 2-4). All are bit-exact to `_fp8_group_kernel` (same math per group; only the indexing and
+the load order change; GPU-tested bit for bit at V4 shapes, 1 / 64 / 4,096 / 16,384 tokens). H200, session 5
+(benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json): `i32c` ran 1.00-1.43x as fast as the old default
+at 1 / 64 / 4,096 / 16,384 tokens in all three quantiser ops (never slower), hence the switch;
+`idx32=False, const_gpr=False` (benchmark config `i64`) still runs `_fp8_group_kernel`.
 """
 
 from __future__ import annotations
@@ -234,8 +236,8 @@ def fp8_group_quant_triton(
     *,
     tile_elems: int | None = None,
     num_warps: int | None = None,
-    idx32: bool = False,
-    const_gpr: bool = False,
+    idx32: bool = True,
+    const_gpr: bool = True,
     tiles_per_program: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-group e4m3 quantisation of the last dim, bit-exact to `ref/quant.py`.
@@ -248,9 +250,10 @@ def fp8_group_quant_triton(
       "dequant" -> (q * 2^e in x.dtype [..., n], None)              as `fp8_quant_dequant_ue8m0`
     `out` (contiguous, [..., n], e4m3 or x.dtype for "dequant") receives the first result. No host sync.
     tile_elems / num_warps (benchmark configs; None: TILE_ELEMS and the default warps): elements per program
-    tile (a power of two) and warps per program. idx32 / const_gpr / tiles_per_program (benchmark configs, the
-    module docstring; any of them set: `_fp8_group_tiles_kernel`): int32 index math (ignored, i.e. int64, when an
-    offset could reach 2^31), groups_per_row as a constexpr (one compilation per row width), tiles per program.
+    tile (a power of two) and warps per program. idx32 / const_gpr / tiles_per_program (the module docstring; any
+    of them set, as by default: `_fp8_group_tiles_kernel`; idx32=False, const_gpr=False, tiles_per_program=1: the
+    session-4 `_fp8_group_kernel`, same bits): int32 index math (ignored, i.e. int64, when an offset could reach
+    2^31), groups_per_row as a constexpr (one compilation per row width), tiles per program (a benchmark config).
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
@@ -278,7 +281,7 @@ def fp8_group_quant_triton(
     n_groups = x.numel() // group
     bg = max(1, min((tile_elems or TILE_ELEMS) // group, triton.next_power_of_2(n_groups)))
     warps = num_warps or max(1, min(8, bg * group // 512))
-    if idx32 or const_gpr or tiles_per_program != 1:
+    if idx32 or const_gpr or tiles_per_program != 1:  # the default (i32c) and the benchmark configs
         _launch_tiles(x2, out, scales, mode, group, bg, warps, idx32, const_gpr, tiles_per_program)
         return out, scales
     _fp8_group_kernel[(triton.cdiv(n_groups, bg),)](
@@ -310,7 +313,7 @@ def _launch_tiles(
     x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, mode: str, group: int, bg: int, warps: int,
     idx32: bool, const_gpr: bool, tiles: int,
 ) -> None:  # fmt: skip
-    """`_fp8_group_tiles_kernel` on x2 [rows, n] (the benchmark configs of `fp8_group_quant_triton`)."""
+    """`_fp8_group_tiles_kernel` on x2 [rows, n] (the default and the benchmark configs of `fp8_group_quant_triton`)."""
     if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
         raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
     n_groups, gpr = x2.numel() // group, x2.shape[1] // group
