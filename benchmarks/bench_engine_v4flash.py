@@ -25,8 +25,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from v4flash_model import hf_config, official_config, quantise_to_official, randomise_  # noqa: E402
 
-SMOKE = dict(vocab_size=512, hidden_size=256, num_attention_heads=4, head_dim=128, q_lora_rank=64, o_groups=2,
-             o_lora_rank=64, index_n_heads=8, index_topk=16, n_routed_experts=16, moe_intermediate_size=128)
+SMOKE = dict(
+    vocab_size=512,
+    hidden_size=256,
+    num_attention_heads=4,
+    head_dim=128,
+    q_lora_rank=64,
+    o_groups=2,
+    o_lora_rank=64,
+    index_n_heads=8,
+    index_topk=16,
+    n_routed_experts=16,
+    moe_intermediate_size=128,
+)
 
 
 def _sync(dev: torch.device) -> None:
@@ -102,8 +113,12 @@ def bench_ours(runner, b: int, n: int, steps: int, dev: torch.device, step_token
 
 
 def _rates(r: dict, b: int, n: int, steps: int) -> dict:
-    return {"prefill_tok_s": b * n / r["prefill_s"], "decode_tok_s": b * steps / r["decode_s"],
-            "prefill_s": r["prefill_s"], "decode_s": r["decode_s"]}
+    return {
+        "prefill_tok_s": b * n / r["prefill_s"],
+        "decode_tok_s": b * steps / r["decode_s"],
+        "prefill_s": r["prefill_s"],
+        "decode_s": r["decode_s"],
+    }
 
 
 def build(args, dev: torch.device):
@@ -129,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny widths on CPU (checks the script, not speed)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--profile", action="store_true", help="profile one DeepInfer decode step at the largest batch")
+    ap.add_argument(
+        "--llm-loop",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also time LLM.generate decode (STEPS steps) with DEEPINFER_ASYNC_SAMPLING off vs on",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -157,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer.engine.config_parse import config_from_dict
     from deepinfer.engine.runner import ModelRunner
 
-    runner = ModelRunner(config_from_dict(off_cfg), official, dtype=torch.bfloat16, device=dev,
-                         max_num_seqs=max(batches), max_model_len=args.prompt_len + args.steps + 8,
-                         gpu_memory_utilization=0.92)
+    runner = ModelRunner(
+        config_from_dict(off_cfg),
+        official,
+        dtype=torch.bfloat16,
+        device=dev,
+        max_num_seqs=max(batches),
+        max_model_len=args.prompt_len + max(args.steps, args.llm_loop) + 8,
+        gpu_memory_utilization=0.92,
+    )
     del official
     bench_ours(runner, warm["b"], warm["n"], warm["steps"], dev, args.step_tokens)
     for b in batches:
@@ -168,10 +196,21 @@ def main(argv: list[str] | None = None) -> int:
         results["deepinfer"][b] = _rates(r, b, args.prompt_len, args.steps)
         if b == 1 and not args.skip_hf:
             a, c = r["first_logits"], hf_first
-            results["logits_check_b1"] = {"max_abs_diff": (a - c).abs().max().item(),
-                                          "cosine": torch.nn.functional.cosine_similarity(a, c, dim=0).item(),
-                                          "same_argmax": bool(a.argmax() == c.argmax())}
+            results["logits_check_b1"] = {
+                "max_abs_diff": (a - c).abs().max().item(),
+                "cosine": torch.nn.functional.cosine_similarity(a, c, dim=0).item(),
+                "same_argmax": bool(a.argmax() == c.argmax()),
+            }
         print(f"deepinfer b={b}: {results['deepinfer'][b]}", flush=True)
+        if args.llm_loop > 0:  # the serving loop, sync vs async sampling (same runner, same run)
+            from profile_engine_decode import compare_llm_loops
+
+            try:
+                results.setdefault("deepinfer_llm_loop", {})[b] = compare_llm_loops(
+                    runner, b, args.prompt_len, args.llm_loop, dev
+                )
+            except Exception as e:  # keep the rest of the benchmark
+                results.setdefault("deepinfer_llm_loop", {})[b] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     if args.profile:
         profile_decode(runner, max(batches), args.prompt_len, dev)
     _report(results, args, dev)
@@ -214,8 +253,10 @@ def _profile_step(runner, chunks, dev: torch.device, label: str) -> None:
         wall = time.perf_counter() - t0
     ev = prof.key_averages()
     cuda_us = sum(e.self_device_time_total for e in ev)
-    print(f"PROFILE {label}: wall {wall * 1e3:.2f} ms, summed kernel time {cuda_us / 1e3:.2f} ms, "
-          f"kernel launches {sum(e.count for e in ev if e.self_device_time_total > 0)}")
+    print(
+        f"PROFILE {label}: wall {wall * 1e3:.2f} ms, summed kernel time {cuda_us / 1e3:.2f} ms, "
+        f"kernel launches {sum(e.count for e in ev if e.self_device_time_total > 0)}"
+    )
     print(ev.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60))
 
 
@@ -224,9 +265,16 @@ def _report(results: dict, args, dev: torch.device) -> None:
         if "decode_tok_s" in results["hf"].get(b, {}):
             for k in ("prefill_tok_s", "decode_tok_s"):
                 results["deepinfer"][b][f"{k}_x_hf"] = results["deepinfer"][b][k] / results["hf"][b][k]
-    meta = {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "layers": args.layers, "prompt_len": args.prompt_len,
-            "decode_steps": args.steps, "command": " ".join(sys.argv), "smoke": args.smoke}
+    meta = {
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "layers": args.layers,
+        "prompt_len": args.prompt_len,
+        "decode_steps": args.steps,
+        "command": " ".join(sys.argv),
+        "smoke": args.smoke,
+    }
     try:
         import transformers
 

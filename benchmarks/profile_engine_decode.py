@@ -7,6 +7,9 @@ region (attention, compressor, indexer, MoE routing / experts, mHC, head). Write
 
     python benchmarks/profile_engine_decode.py --batches 32,256 --out /tmp/profile.json
     python benchmarks/profile_engine_decode.py --smoke      # tiny widths on CPU: checks the script only
+
+Then, per batch, the whole serving loop (LLM.generate) with DEEPINFER_ASYNC_SAMPLING off and on, greedy and seeded,
+same runner: decode tokens/s, async x sync, and whether both produced the same tokens (--llm-steps, 0 skips it).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def build_runner(args, dev: torch.device):
         dtype=torch.bfloat16,
         device=dev,
         max_num_seqs=max(batches),
-        max_model_len=args.prompt_len + args.steps + 8,
+        max_model_len=args.prompt_len + max(args.steps, args.llm_steps) + 8,
         gpu_memory_utilization=0.92,
     )
 
@@ -114,8 +117,103 @@ def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) 
     total = time.perf_counter() - t_all
     # forward() rebuilds the batch itself, so host time is counted twice in `total`; subtract one copy.
     ms = lambda v: 1e3 * v / steps  # noqa: E731
-    return {"step_ms_incl_extra_build": ms(total), "step_ms": ms(total - host), "host_build_ms": ms(host),
-            "forward_and_prefetch_ms": ms(launch), "sync_argmax_ms": ms(wait)}
+    return {
+        "step_ms_incl_extra_build": ms(total),
+        "step_ms": ms(total - host),
+        "host_build_ms": ms(host),
+        "forward_and_prefetch_ms": ms(launch),
+        "sync_argmax_ms": ms(wait),
+    }
+
+
+class _StubTokenizer:
+    """Enough tokenizer for LLM.generate on the random benchmark model: one letter per id, no EOS."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + t % 26) for t in ids)
+
+
+def llm_decode(runner, b: int, n: int, steps: int, dev: torch.device, async_sampling: bool, seeded: bool) -> dict:
+    """Decode tokens/s of the whole serving loop (LLM.generate: scheduler, sampler, stop rules, detokenising)
+    with DEEPINFER_ASYNC_SAMPLING off or on, b prompts of n tokens, greedy or seeded (temperature 0.8, top-k 50).
+
+    Decode time = time(max_tokens = 1 + steps) - time(max_tokens = 1), best of two each: the prefill and first
+    token cancel out. steps_launched_ahead / steps_used_ahead count over both timed runs.
+    Also returns the token ids, so the caller can check both settings produced the same tokens."""
+    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.sampling_params import SamplingParams
+
+    llm = LLM.from_components(runner, _StubTokenizer(), max_num_seqs=b, max_num_batched_tokens=8192)
+    llm.async_sampling = async_sampling
+    runner.cache.async_uploads = async_sampling
+    ids = _prompts(b, n, runner.vocab_size, dev).tolist()
+    extra = dict(temperature=0.8, top_k=50, seed=1234) if seeded else dict(temperature=0.0)
+
+    def run(max_tokens: int):
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra)
+        _sync(dev)
+        t0 = time.perf_counter()
+        out = llm.generate(prompt_token_ids=ids, sampling_params=params, use_tqdm=False)
+        _sync(dev)
+        return time.perf_counter() - t0, [o.outputs[0].token_ids for o in out]
+
+    run(2)  # warm: this batch's graphs, allocator, pinned buffers
+    t1 = min(run(1)[0] for _ in range(2))  # best of two: less noise in the difference
+    llm.async_stats.update(launched_ahead=0, used=0)
+    (tn, tokens), (tn2, repeat) = run(1 + steps), run(1 + steps)
+    tn = min(tn, tn2)
+    decode = tn - t1  # <= 0 only when timing noise exceeds the decode time (CPU smoke runs)
+    runner.cache.async_uploads = False
+    return {
+        "async_sampling": async_sampling,
+        "seeded": seeded,
+        "decode_tok_s": b * steps / decode if decode > 0 else None,
+        "step_ms": 1e3 * decode / steps,
+        "steps_launched_ahead": llm.async_stats["launched_ahead"],
+        "steps_used_ahead": llm.async_stats["used"],
+        "tokens": tokens,
+        "self_same_frac": _same_frac(tokens, repeat),
+    }
+
+
+def _same_frac(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of sequences whose tokens are identical in two runs."""
+    return sum(x == y for x, y in zip(a, b)) / max(len(a), 1)
+
+
+def compare_llm_loops(runner, b: int, n: int, steps: int, dev: torch.device) -> dict:
+    """LLM.generate decode rate, DEEPINFER_ASYNC_SAMPLING off vs on, greedy and seeded, same run and model."""
+    rows = {}
+    for seeded in (False, True):
+        kind = "seeded" if seeded else "greedy"
+        for flag in (False, True):
+            try:
+                rows[f"{kind}_{'async' if flag else 'sync'}"] = llm_decode(runner, b, n, steps, dev, flag, seeded)
+            except Exception as e:  # record it: the other rows still run
+                rows[f"{kind}_{'async' if flag else 'sync'}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(
+                f"   llm b={b} {kind} async={flag}: "
+                + json.dumps({k: v for k, v in rows[f"{kind}_{'async' if flag else 'sync'}"].items() if k != "tokens"}),
+                flush=True,
+            )
+        sync, asy = rows[f"{kind}_sync"], rows[f"{kind}_async"]
+        if "tokens" in sync and "tokens" in asy:
+            # Sequences with identical tokens, async vs sync; the sync loop against itself (self_same_frac) shows
+            # what the model's own run-to-run noise (atomic MoE adds) allows.
+            rows[f"{kind}_same_tokens_frac"] = _same_frac(sync["tokens"], asy["tokens"])
+            ok = sync["decode_tok_s"] and asy["decode_tok_s"]
+            rows[f"{kind}_async_x_sync"] = asy["decode_tok_s"] / sync["decode_tok_s"] if ok else None
+            print(
+                f"   llm b={b} {kind}: same tokens async vs sync {rows[f'{kind}_same_tokens_frac']:.3f} (sync vs "
+                f"sync {sync['self_same_frac']:.3f}), async x sync {rows[f'{kind}_async_x_sync']}",
+                flush=True,
+            )
+    for r in rows.values():
+        if isinstance(r, dict):
+            r.pop("tokens", None)
+    return rows
 
 
 def replay_gpu_ms(runner, slots: list[int], n: int, dev: torch.device) -> float | None:
@@ -155,11 +253,23 @@ def region_profile(runner, slots: list[int], n: int, dev: torch.device) -> list[
     labels = {r[2] for r in REGIONS}
     for e in ev:
         if e.key in labels:
-            rows.append({"region": e.key, "calls": e.count, "device_ms": e.device_time_total / 1e3,
-                         "cpu_ms": e.cpu_time_total / 1e3})
+            rows.append(
+                {
+                    "region": e.key,
+                    "calls": e.count,
+                    "device_ms": e.device_time_total / 1e3,
+                    "cpu_ms": e.cpu_time_total / 1e3,
+                }
+            )
     kernels = [e for e in ev if e.self_device_time_total > 0]
-    rows.append({"region": "ALL kernels", "calls": sum(e.count for e in kernels),
-                 "device_ms": sum(e.self_device_time_total for e in kernels) / 1e3, "cpu_ms": None})
+    rows.append(
+        {
+            "region": "ALL kernels",
+            "calls": sum(e.count for e in kernels),
+            "device_ms": sum(e.self_device_time_total for e in kernels) / 1e3,
+            "cpu_ms": None,
+        }
+    )
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
     for e in top:
         rows.append({"kernel": e.key[:90], "calls": e.count, "device_ms": e.self_device_time_total / 1e3})
@@ -172,17 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="32,256")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument(
+        "--llm-steps",
+        type=int,
+        default=48,
+        help="decode steps of the LLM.generate comparison, DEEPINFER_ASYNC_SAMPLING off vs on (0: skip)",
+    )
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.smoke:
-        args.prompt_len, args.steps, args.batches = 32, 2, "4"
+        args.prompt_len, args.steps, args.batches, args.llm_steps = 32, 2, "4", min(args.llm_steps, 3)
     dev = torch.device("cpu" if args.smoke else "cuda")
     for region in REGIONS:
         _label(*region)
     runner = build_runner(args, dev)
-    report = {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-              "layers": args.layers, "prompt_len": args.prompt_len, "batches": {}}
+    report = {
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "layers": args.layers,
+        "prompt_len": args.prompt_len,
+        "batches": {},
+    }
     for b in (int(x) for x in args.batches.split(",")):
         slots = _prefill(runner, b, args.prompt_len, dev)
         steps = time_steps(runner, slots, args.prompt_len, args.steps, dev)
@@ -194,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             print("   ", json.dumps(r), flush=True)
         for s in slots:
             runner.cache.free_slot(s)
+        if args.llm_steps > 0:
+            steps["llm_loop"] = compare_llm_loops(runner, b, args.prompt_len, args.llm_steps, dev)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

@@ -339,6 +339,74 @@ def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Ca
     return impls, config
 
 
+# Opt-in W4A16 path prepared in session 5 (not yet GPU-run): dequantise chunks of experts to bf16, then CUTLASS's
+# grouped bf16 GEMM (backends/cuda/cutlass_w4a16_dq.py). Timed at >= 64 rows per expert ("mid" / "prefill" regimes)
+# per config, and through the API (`DEEPINFER_DG_W4A16_IMPL=cutlass_dq`) as `dg_w4a16[impl=cutlass_dq]`.
+DQ_REGIMES = ("mid", "prefill")
+
+
+def _w4a16_dq_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """The dequantise-then-CUTLASS-grouped-bf16 W4A16 path per config, into `out` (none without `_C` support)."""
+    from deepinfer.deep_gemm.backends.cuda import cutlass_w4a16_dq as dq
+
+    if regime not in DQ_REGIMES or not (a.is_cuda and dq.available()):
+        return {}, {}
+    impls, config = {}, {}
+    for cfg, cname in dq.CONFIGS.items():
+        name = f"dg_w4a16[cutlass_dq,{cname}]"
+        impls[name] = lambda cfg=cfg: dq.m_grouped_bf16_fp4_gemm_nt_contiguous_cutlass_dq(
+            a, w[0], w[1], offs, out, config=cfg
+        )
+        config[name] = f"cutlass_dq,{cname}"
+    impls["dg_w4a16[impl=cutlass_dq]"] = _w4a16_impl_call(a, w, offs, out, "cutlass_dq")
+    rows = -(-a.shape[0] // max(offs.numel(), 1))
+    config["dg_w4a16[impl=cutlass_dq]"] = f"cutlass_dq,{dq.CONFIGS[dq.auto_config(rows)]}"
+    return impls, config
+
+
+# Tokens per expert of the dedicated W4A16-vs-FP8 cases (`w4a16_dq_cases`): the brief's 64 / 256 / 1024.
+DQ_TPE = (64, 256, 1024)
+
+
+def w4a16_dq_cases(dev: str, tpes: tuple[int, ...], nks: dict[str, tuple[int, int]], g: int) -> list[Case]:
+    """W4A16 at `tpe` rows per expert (uniform, all g experts): the API default (`dg_w4a16[default]`), the
+    dequantise-then-CUTLASS path per config and through the API, vs torch._grouped_mm on bf16 weights and the FP8
+    grouped API (the goal's baseline), all from one run. Lighter than `w4a16_cases` (no Triton / W4A8 sweep)."""
+    cases = []
+    for wname, (n, k) in nks.items():
+        packed, scales = _fp4_weights(g, n, k, dev)
+        w_bf16 = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16)
+        w_fp8, sfb_fp8 = _fp8_weights3(g, n, k, dev)
+        for tpe in tpes:
+            counts = group_counts("uniform", tpe, g)
+            m = int(counts.sum())
+            offs = counts.cumsum(0).to(torch.int32).to(dev)
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            impls = {"dg_w4a16[default]": _w4a16_call(a, (packed, scales), offs, out, None)}
+            config = {"dg_w4a16[default]": _api_config_name(a, g)}
+            dq_impls, dq_config = _w4a16_dq_impls(a, (packed, scales), offs, out, "prefill")
+            impls.update(dq_impls)
+            config.update(dq_config)
+            if dq_impls:  # one expert per chunk: is a chunk whose bf16 copy may stay in L2 worth 3 launches each?
+                from deepinfer.deep_gemm.backends.cuda import cutlass_w4a16_dq as dq
+
+                impls["dg_w4a16[cutlass_dq,coop,chunk1]"] = lambda a=a, p=packed, s=scales, o=offs, out=out: (
+                    dq.m_grouped_bf16_fp4_gemm_nt_contiguous_cutlass_dq(a, p, s, o, out, config=0, chunk=1)
+                )
+                config["dg_w4a16[cutlass_dq,coop,chunk1]"] = "cutlass_dq,coop,chunk1"
+            bt = w_bf16.transpose(-2, -1)
+            impls["torch_grouped_mm_bf16"] = lambda a=a, o=offs, bt=bt: torch._grouped_mm(a, bt, offs=o)
+            impls[FP8_API] = _fp8_grouped_api_call((a * 4).to(FP8), w_fp8, sfb_fp8, counts)
+            nbytes = g * (n * k // 2 + n * k // 32) + 2 * m * k + 2 * m * n + 4 * g
+            shape = {"layout": f"dq_tpe{tpe}", "weights": wname, "m": m, "n": n, "k": k, "groups": g, "active": g}
+            case = Case("m_grouped_bf16_fp4_gemm_nt_contiguous", shape, impls, 2.0 * m * n * k, nbytes,
+                        "bf16_tflops", config, compare_to=(FP8_API, "dg_w4a16[default]"), out=out)  # fmt: skip
+            case.impl_bytes = _impl_bytes(impls, g, m, n, k, g)
+            cases.append(case)
+    return cases
+
+
 def _impl_bytes(impls: dict, active: int, m: int, n: int, k: int, g: int) -> dict[str, float]:
     """Minimum bytes per impl where they differ from the W4A16 count: W4A8 reads FP4 weights + FP8 activations
     (+ their fp32 per-128 scales); the FP8 baselines read FP8 weights of the active experts; torch's bf16 grouped
@@ -400,6 +468,9 @@ def w4a16_cases(
             cu_impls, cu_config = _w4a16_cuda_impls(a, (packed, scales), offs, out, regime)
             impls.update(cu_impls)
             config.update(cu_config)
+            dq_impls, dq_config = _w4a16_dq_impls(a, (packed, scales), offs, out, regime)
+            impls.update(dq_impls)
+            config.update(dq_config)
             a8 = (a * 4).to(FP8)
             w4a8, cfg_a8 = _w4a8_impls(a8, (packed, scales), offs, n, sweep_a8[regime])
             impls.update(w4a8)

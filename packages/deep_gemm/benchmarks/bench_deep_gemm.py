@@ -3,6 +3,8 @@
     python packages/deep_gemm/benchmarks/bench_deep_gemm.py --out RESULT.json   # the GPU run (< 120 s on an H200)
     python packages/deep_gemm/benchmarks/bench_deep_gemm.py --smoke             # tiny shapes on CPU (interpreter)
     python packages/deep_gemm/benchmarks/bench_deep_gemm.py --table RESULT.json # the README's markdown table
+    python packages/deep_gemm/benchmarks/bench_deep_gemm.py --cases w4a16_dq --out RESULT.json  # only the W4A16
+        dequantise-then-CUTLASS rows (opt-in, session 5) vs the default, torch bf16 and FP8, 64 / 256 / 1024 per expert
 
 One record per (op, shape, implementation): median / p10 / p90 us (CUDA events, L2 flushed), TFLOPS, GB/s (the
 package kernel's minimum traffic: weights of active groups once, activations, output), % of the compute and
@@ -99,7 +101,7 @@ def _shape_str(shape: dict) -> str:
     return f"m={shape['m']} n={shape['n']} k={shape['k']}"
 
 
-def run(out_path: str | None, smoke: bool, warmup: int, rep: int) -> list[dict]:
+def run(out_path: str | None, smoke: bool, warmup: int, rep: int, only: str = "all") -> list[dict]:
     dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     t0 = time.monotonic()
     if smoke:  # tiny shapes, every implementation (the torch baselines run on CPU too)
@@ -117,14 +119,21 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int) -> list[dict]:
             lambda: bc.w4a16_cases(dev, layouts, {"tiny": (128, 256)}, 3, tiny, sweep_a8=tiny_a8),
             lambda: bc.dense_fp8_cases(dev, [3], [(64, 256)]),
             lambda: bc.bf16_smallm_cases(dev, [3], [(64, 256)]),
+            lambda: bc.w4a16_dq_cases(dev, (40,), {"tiny": (128, 256)}, 3),
         ]
+        if only == "w4a16_dq":
+            builders = builders[-1:]
+    elif only == "w4a16_dq":  # the session-5-prepared W4A16 dq path vs the default and FP8, 64 / 256 / 1024 per expert
+        builders = [lambda: bc.w4a16_dq_cases(dev, bc.DQ_TPE, bc.EXPERT_NK, bc.NUM_EXPERTS)]
     else:
         builders = [
             lambda: bc.w4a16_cases(dev, bc.GROUPED, bc.EXPERT_NK, bc.NUM_EXPERTS),
             lambda: bc.bf16_smallm_cases(dev, bc.SMALL_M, bc.DENSE_NK),
             lambda: bc.dense_fp8_cases(dev, bc.DENSE_M, bc.DENSE_NK),
+            # 1024 per expert only: the dq rows at 64 / 256 are in the w4a16 cases above (last: time budget)
+            lambda: bc.w4a16_dq_cases(dev, (1024,), bc.EXPERT_NK, bc.NUM_EXPERTS),
         ]
-    meta = {"package": "deep_gemm", "smoke": smoke, "warmup": warmup, "rep": rep, "device": dev}
+    meta = {"package": "deep_gemm", "smoke": smoke, "warmup": warmup, "rep": rep, "device": dev, "cases": only}
     records: list[dict] = []
     for build in builders:
         if time.monotonic() - t0 > BUDGET_S:
@@ -192,13 +201,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rep", type=int, default=20)
+    p.add_argument(
+        "--cases",
+        choices=("all", "w4a16_dq"),
+        default="all",
+        help="w4a16_dq: only the W4A16 dequantise-then-CUTLASS cases (64 / 256 / 1024 tokens per expert)",
+    )
     args = p.parse_args(argv)
     if args.table:
         print(table(args.table))
         return
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --smoke for the CPU check")
-    run(args.out, args.smoke, 1 if args.smoke else args.warmup, 2 if args.smoke else args.rep)
+    run(args.out, args.smoke, 1 if args.smoke else args.warmup, 2 if args.smoke else args.rep, args.cases)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ at 1M context: 128 window + all 8,192 compressed rows of the request, b in {1, 3
 Prefill: 4,096 and 16,384 queries x 640 indices (128 window rows before the query + 512 random rows of t/4 compressed
 rows), one cache, about 3 % holes. Engine calls (`engine_decode` b = 32 / 128, `engine_prefill` t = 4,096: the main list
 into the BF16 pool plus `extra_kv` = the step's new rows, as model/attention.py calls it): `split` (the Triton kernel,
-what the engine ran until the CUDA kernel took extra_kv) against `cuda` and `api` (the public call: the serial kernel,
-ws3 takes no extra cache).
+what the engine ran until the CUDA kernel took extra_kv) against `cuda` and `api` (the public call: the serial kernel)
+and `cuda_ws3_extra` (ws3 with the extra cache, kernel="cuda_ws3"; prepared in session 5 round 4, off by default).
 
 Implementations, timed in the same run: `api` / `api_fp8` (the public `sparse_attn_decode` / `sparse_attn_prefill` with
 its default routing, BF16 / FP8 cache: since session 5 ws3 at >= 32 query tokens without an extra cache, else the serial
@@ -317,22 +317,43 @@ def _cuda_plan_variants(op: str, b: int, s_q: int) -> list[tuple[str, dict]]:
 
 def _extra_impls(extra_kv: torch.Tensor, extra_idx: torch.Tensor, reference: bool, api_fn=None) -> dict:  # noqa: ANN001
     """The engine's call: main list into the pool plus extra_kv / extra_indices; `api` (the public function, as the
-    engine calls it: the serial kernel), Triton (`split`) and `cuda`."""
+    engine calls it: the serial kernel), Triton (`split`), `cuda` and `cuda_ws3_extra` (ws3 with the extra cache,
+    kernel="cuda_ws3": session 5 round 4, off by default; DEEPINFER_FLASH_MLA_WS3_EXTRA=1 would route the engine
+    there)."""
     from deepinfer.flash_mla import reference as ref
     from deepinfer.flash_mla.backends.cuda import triton_split_attn as new
 
     kw = dict(extra_kv=extra_kv, extra_indices=extra_idx)
     fns = {"api": api_fn} if api_fn is not None else {}
+    kernels = (("split", "fused"), ("cuda", "cuda"), ("cuda_ws3_extra", "cuda_ws3"))
     fns.update({name: (lambda q, c, i, s, k=kernel: new.sparse_attn_split_triton(q, c, i, s, SCALE, kernel=k, **kw))
-                for name, kernel in (("split", "fused"), ("cuda", "cuda"))})  # fmt: skip
+                for name, kernel in kernels})  # fmt: skip
     if reference:
         fns["reference"] = lambda q, c, i, s: ref.sparse_attn(q, c, i, s, SCALE, extra_kv, extra_idx)
     bad = _cuda_probe_error()
     if bad is not None:
-        for name in ("api", "cuda"):
+        for name in ("api", "cuda", "cuda_ws3_extra"):
             if name in fns:
                 fns[name] = lambda q, c, i, s, why=bad: _raise(why)
+    bad_ws3 = _ws3_extra_probe_error()
+    if bad_ws3 is not None:
+        fns["cuda_ws3_extra"] = lambda q, c, i, s, why=bad_ws3: _raise(why)
     return fns
+
+
+def _ws3_extra_probe_error() -> str | None:
+    """None when ws3 with the extra cache passed its out-of-process probe (or `_C` lacks it: the call then raises a
+    clear error by itself), else why not (once per run; a fault would end this process's CUDA context)."""
+    if "ws3_extra" not in _PROBE:
+        from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
+
+        err = None
+        if ws.ws3_extra_available():
+            ok, out = ws.probe_extra(timeout_s=60.0)
+            err = None if ok else f"ws3 extra-cache probe failed: {out[-400:]}"
+        _PROBE["ws3_extra"] = err
+        _log(f"cuda_ws3_extra: available={ws.ws3_extra_available()} probe={err or 'ok or n/a'}")
+    return _PROBE["ws3_extra"]
 
 
 def run_case(

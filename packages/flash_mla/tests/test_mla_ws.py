@@ -71,15 +71,17 @@ def test_ws_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_ws3_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
-    """ws3's 6 instances (BF16 / FP8 cache x the kernel + 2 timing ablations) assemble for sm_90a: no stack, no spills
-    (the producer's 88-register setmaxnreg region holds an FP8 batch of 48 registers across the stage wait), exactly 168
-    registers at 384 threads, and ptxas neither serialises the wgmma pipeline nor ignores setmaxnreg."""
+    """ws3's 8 instances (BF16 / FP8 cache x the kernel + 2 timing ablations, + the kernel with the extra cache,
+    EXTRA) assemble for sm_90a: no stack, no spills (the producer's 88-register setmaxnreg region holds an FP8 batch of
+    48 registers across the stage wait), exactly 168 registers at 384 threads, and ptxas neither serialises the wgmma
+    pipeline nor ignores setmaxnreg."""
     out, props, regs = mc.nvcc_sm90a(_SRC / "fm_ws3_decode.cu", tmp_path / "ws3.o")
-    assert len(props) == 6 and len(regs) == 6, out[-2000:]
+    assert len(props) == 8 and len(regs) == 8, out[-2000:]
+    assert out.count("ELb1EEEv") == 4, "expected the 2 EXTRA instances (each named twice in the ptxas log)"
     assert all(p == ("0", "0", "0") for p in props), props
     # exactly 168: the .cu's static_assert (128 x 88 + 256 x 208 = 384 x 168) assumes the launch allocates 168, and
     # setmaxnreg.inc would wait forever for registers that .dec never freed if ptxas allocated fewer
-    assert regs == [168] * 6, regs
+    assert regs == [168] * 8, regs
     assert "serialized" not in out, "ptxas serialised the wgmma instructions"
     assert "C7508" not in out, "ptxas ignored setmaxnreg"
 

@@ -182,10 +182,14 @@ KEEP_VARIANTS = (
 
 
 def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
-    """The one-launch kernel next to the API's two launches: impl="fused"'s best config of session 4 for the size
-    (spin_bt64 from 4,096 tokens when all_configs, i.e. mhc_pre; else spin)."""
+    """The API's two launches with the finish launch last-first (split_finish_rev: prepared in session 5, the same
+    bits; does the x the mix read last still hit L2?), then the one-launch kernel: impl="fused"'s best config of
+    session 4 for the size (spin_bt64 from 4,096 tokens when all_configs, i.e. mhc_pre; else spin)."""
     fused = MHC_FUSED_BEST[0] if all_configs and t >= 4096 else MHC_FUSED_BEST[1]
-    return {f"fused_{fused}": functools.partial(fn, impl="fused", config=fused)}
+    return {
+        "split_finish_rev": functools.partial(fn, impl="split", config="finish_rev"),
+        f"fused_{fused}": functools.partial(fn, impl="fused", config=fused),
+    }
 
 
 def _routing(dev: str, t: int, seed: int) -> torch.Tensor:
@@ -376,14 +380,17 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _kv_args(dev, t),
             tk.kv_norm_rope_quant,
             ref.kv_norm_rope_quant,
-            # bt*_w1: more rows per 1-warp program (1.04-1.08x from 4,096 tokens up in session 5's 14:30 run, not
-            # the default: tested within one ulp, not bit for bit); bt2_w2 / early_cs: session-3 / -4 configs.
+            # bt*_w1: more rows per 1-warp program (1.04-1.08x from 4,096 tokens up in session 5's 14:30 run; each
+            # row keeps the default's sum order: bit-exact, tests/test_kv_rows_exact.py); rows_rule: the prepared size
+            # rule triton_fused.KV_ROWS_RULE (bt4_w1 from 16,384 tokens, bt2_w1 from 4,096, the default below; off by
+            # default, DEEPINFER_TK_KV_ROWS=1 switches it on); bt2_w2 / early_cs: session-3 / -4 configs.
             # (pf2 / pf4 / pf8 / pf4_nocap, a prefetching loop kernel, 0.44-0.93x from 4,096 up: removed)
             variants={
                 **{
                     f"bt{bt}_w{w}": functools.partial(_KV, block_t=bt, num_warps=w)
                     for bt, w in ((2, 1), (4, 1), (2, 2))
                 },
+                "rows_rule": functools.partial(_KV, row_rule=True),
                 "early_cs": functools.partial(_KV, early_cos_sin=True),
             },
         ),

@@ -18,7 +18,8 @@ median_us, GB/s of the bytes truly read + written, % of the 4.07 TB/s copy ceili
 (detected), x_eager, x_compile (same run), max_abs_diff_vs_eager.
 Named Triton configs of a case (`Case.variants`: tile sizes / warps of the memory-bound kernels, the Hadamard's
 tl.dot form) are timed in the same run as "triton:<name>" records with x_api (API default time / config time,
-> 1: the config is faster) and max_abs_diff_vs_eager; `--table` lists them under the main table. None starts
+> 1: the config is faster), max_abs_diff_vs_eager and bits_equal_api (its first output byte for byte the API
+default's: a default switch must not change results); `--table` lists them under the main table. None starts
 after 160 s. A failing case records its error string; the JSON is written in every case.
 """
 
@@ -75,6 +76,15 @@ def _max_abs_diff(a: object, b: object) -> float | None:
     d = d[~torch.isnan(d)]
     m = float(d.max()) if d.numel() else 0.0
     return m if math.isfinite(m) else None  # JSON holds no inf
+
+
+def _bits_equal(a: object, b: object) -> bool | None:
+    """Whether the first output tensors of a and b hold the same bytes (a config against the API default: a
+    default switch must not change results); None when not comparable."""
+    x, y = _first_tensor(a), _first_tensor(b)
+    if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
+        return None
+    return bool(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)))
 
 
 def _call_and_path(fn, args: tuple) -> tuple[object, str]:
@@ -158,6 +168,8 @@ def run_case(
                 rec[f"x_{base}"] = times[base] / rec["median_us"]
             elif base != "api":
                 rec[f"x_{base}"] = None
+        if "_out" in rec:  # a named config: also whether it gives the default's bits
+            rec["bits_equal_api"] = _bits_equal(rec["_out"], got)
         rec["max_abs_diff_vs_eager"] = _max_abs_diff(rec.pop("_out", got), want)
     del args, want, got
     return recs
@@ -277,17 +289,18 @@ def _variant_table(variants: list[dict]) -> list[str]:
     """Named Triton configs next to the API default (x API > 1: the config is faster than the default)."""
     if not variants:
         return []
-    lines = ["", "| op | shape | config | time (us) | % of 4.07 TB/s | x API default | max abs diff vs eager |"]
-    lines.append("|---|---|---|---|---|---|---|")
+    head = "| op | shape | config | time (us) | % of 4.07 TB/s | x API default | max abs diff vs eager | API's bits |"
+    lines = ["", head, "|---|---|---|---|---|---|---|---|"]
     for r in variants:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | |")
+            lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | | |")
             continue
         xa = f"{r['x_api']:.2f}" if r.get("x_api") is not None else "-"
         d = r.get("max_abs_diff_vs_eager")
+        bits = {True: "same", False: "differ"}.get(r.get("bits_equal_api"), "-")  # "-": not recorded / comparable
         lines.append(
             f"| {r['op']} | {r['shape']} | {r['impl'][7:]} | {r['median_us']:.1f} | {r['pct_copy_ceiling']:.1f} | "
-            f"{xa} | {'-' if d is None else f'{d:.3g}'} |"
+            f"{xa} | {'-' if d is None else f'{d:.3g}'} | {bits} |"
         )
     return lines
 

@@ -322,8 +322,11 @@ for head in (False, True):
     for prec in ("bf16x3", "tf32x3"):
         cx = {"HC": 4, "D": 4096, "BLOCK_T": 64, "BLOCK_K": 64, "PRECISION": prec, "HEAD": head}
         go_mhc(f"mhc mix head={head} {prec}", mh._mhc_mix_kernel, head, cx, mh.MIX_NUM_WARPS)
-    cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
-    go_mhc(f"mhc finish head={head}", mh._mhc_finish_kernel, head, cx, mh.FIN_NUM_WARPS)
+    for rev in (False, True) if not head else (False,):  # REVERSE: the "finish_rev" config (same code otherwise)
+        cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
+        go_mhc(
+            f"mhc finish head={head} rev={rev}", mh._mhc_finish_kernel, head, {**cx, "REVERSE": rev}, mh.FIN_NUM_WARPS
+        )
 
 f4s = {
     "x_ptr": "*bf16",

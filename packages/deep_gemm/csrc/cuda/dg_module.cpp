@@ -11,6 +11,7 @@
 
 #ifdef DG_HAVE_CUTLASS
 #include "cutlass/dg_cutlass_fp8.h"
+#include "cutlass/dg_cutlass_w4a16.h"
 #endif
 
 namespace py = pybind11;
@@ -69,6 +70,19 @@ const GroupedEntry kGroupedConfigs[kCutlassFp8GroupedConfigs] = {
      cutlass_fp8_grouped_gemm_coop_2x2},
 };
 
+struct W4A16DqEntry {
+  int64_t (*aux_bytes)(int);
+  int64_t (*workspace_size)(int);
+  void (*run)(const CutlassW4A16DqArgs&);
+};
+
+// Index = W4A16 dq config number (dg_cutlass_w4a16.h).
+const W4A16DqEntry kW4A16DqConfigs[kCutlassW4A16DqConfigs] = {
+    {cutlass_w4a16_dq_aux_bytes_coop, cutlass_w4a16_dq_workspace_size_coop, cutlass_w4a16_dq_gemm_coop},
+    {cutlass_w4a16_dq_aux_bytes_pingpong, cutlass_w4a16_dq_workspace_size_pingpong,
+     cutlass_w4a16_dq_gemm_pingpong},
+};
+
 void check_grouped(int config, int groups) {
   check_range("config", config, 0, kCutlassFp8GroupedConfigs - 1);
   check_range("groups", groups, 1, 1 << 20);
@@ -92,6 +106,33 @@ void cutlass_fp8_grouped_gemm(const CutlassFp8GroupedArgs& args) {
     throw std::invalid_argument("swizzle: expected 1, 2, 4 or 8, got " + std::to_string(args.swizzle));
   }
   kGroupedConfigs[args.config].run(args);
+}
+
+int64_t cutlass_w4a16_dq_aux_bytes(int config, int chunk) {
+  check_range("config", config, 0, kCutlassW4A16DqConfigs - 1);
+  check_range("chunk", chunk, 1, 65535);
+  return kW4A16DqConfigs[config].aux_bytes(chunk);
+}
+
+int64_t cutlass_w4a16_dq_workspace_size(int config, int chunk) {
+  check_range("config", config, 0, kCutlassW4A16DqConfigs - 1);
+  check_range("chunk", chunk, 1, 65535);
+  return kW4A16DqConfigs[config].workspace_size(chunk);
+}
+
+void cutlass_w4a16_dq_gemm(const CutlassW4A16DqArgs& args) {
+  check_range("config", args.config, 0, kCutlassW4A16DqConfigs - 1);
+  check_range("groups", args.groups, 1, 1 << 20);
+  check_range("chunk", args.chunk, 1, 65535);  // gridDim.y of the dequantiser
+  check_range("raster", args.raster, 0, 2);
+  if (args.k % 128 != 0 || args.n % 16 != 0 || args.m < 0) {
+    throw std::invalid_argument("m, n, k: expected m >= 0, n % 16 == 0, k % 128 == 0, got " + std::to_string(args.m) +
+                                ", " + std::to_string(args.n) + ", " + std::to_string(args.k));
+  }
+  if (args.swizzle != 1 && args.swizzle != 2 && args.swizzle != 4 && args.swizzle != 8) {
+    throw std::invalid_argument("swizzle: expected 1, 2, 4 or 8, got " + std::to_string(args.swizzle));
+  }
+  kW4A16DqConfigs[args.config].run(args);
 }
 
 int64_t cutlass_fp8_workspace_size(int config, const CutlassFp8Args& args) {
@@ -173,8 +214,33 @@ PYBIND11_MODULE(_C, m) {
       py::arg("swizzle") = 1,
       "M-grouped FP8 GEMM, contiguous (masked=0, m_indices = row ids) or masked (masked=1, m_indices = masked_m) "
       "layout (see csrc/cuda/cutlass/dg_cutlass_fp8.h).");
+  m.def("has_cutlass_w4a16_dq", []() { return true; });
+  m.attr("cutlass_w4a16_dq_configs") = dg::kCutlassW4A16DqConfigs;
+  m.def("cutlass_w4a16_dq_aux_bytes", &dg::cutlass_w4a16_dq_aux_bytes, py::arg("config"), py::arg("chunk"),
+        "Bytes of the per-expert device arrays of one chunk of the W4A16 dequantise-then-grouped-bf16 GEMM.");
+  m.def("cutlass_w4a16_dq_workspace_size", &dg::cutlass_w4a16_dq_workspace_size, py::arg("config"),
+        py::arg("chunk"), "Bytes of CUTLASS workspace of the W4A16 dequantise-then-grouped-bf16 GEMM.");
+  m.def(
+      "cutlass_w4a16_dq_gemm",
+      [](uintptr_t a, uintptr_t packed, uintptr_t scales, uintptr_t offs, uintptr_t d, int m_, int n, int k,
+         int groups, int chunk, uintptr_t scratch, uintptr_t aux, uintptr_t workspace, uintptr_t stream, int config,
+         int raster, int swizzle) {
+        dg::CutlassW4A16DqArgs args{a, packed, scales, offs, d, m_, n, k, groups, chunk, scratch, aux, workspace,
+                                    stream};
+        args.config = config;
+        args.raster = raster;
+        args.swizzle = swizzle;
+        py::gil_scoped_release release;
+        dg::cutlass_w4a16_dq_gemm(args);
+      },
+      py::arg("a"), py::arg("packed"), py::arg("scales"), py::arg("offs"), py::arg("d"), py::arg("m"), py::arg("n"),
+      py::arg("k"), py::arg("groups"), py::arg("chunk"), py::arg("scratch"), py::arg("aux"), py::arg("workspace"),
+      py::arg("stream"), py::arg("config") = 0, py::arg("raster") = 0, py::arg("swizzle") = 1,
+      "W4A16 grouped GEMM: per chunk of experts, dequantise to bf16 scratch, then CUTLASS grouped bf16 GEMM (see "
+      "csrc/cuda/cutlass/dg_cutlass_w4a16.h).");
 #else
   m.def("has_cutlass_fp8", []() { return false; });
   m.def("has_cutlass_fp8_grouped", []() { return false; });
+  m.def("has_cutlass_w4a16_dq", []() { return false; });
 #endif
 }

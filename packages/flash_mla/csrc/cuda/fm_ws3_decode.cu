@@ -40,7 +40,15 @@
 // lse (natural log, sink included), else the fp32 partials acc / l and base-2 lse of triton_split_attn's
 // _combine_kernel. Holes (any index outside [0, n_rows)): never read (zero row), score -inf.
 // Timing-only ablation modes (enum Mode, wrong numbers): producer only, consumers only (as fm_ws_decode.cu's 1 and 2).
-// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (6 instances).
+// Extra cache (template flag EXTRA, fm_ws3_launch_extra; session 5 round 4, not yet GPU-run): the engine's call, the
+//   main list (topk into kv) followed by the extra list (topk2 into kv2, same row format), cut into 64-entry tiles as
+//   the serial kernel does (a tile may straddle the two lists). Row ids live in one space: [0, n_rows) = kv,
+//   [n_rows, n_rows + n_rows2) = kv2 (the host checks it fits in int32), so the ring's row tables, the hole rule
+//   (id < 0) and the consumers are unchanged; only the producer's address computation (Src) picks the cache. A tile
+//   whose 64 ids are all holes is skipped whole by the consumers (exact, as in the serial kernel: the engine's fresh
+//   prompts have two such tiles): the producer publishes a per-stage "any valid" flag (one ballot per row warp) next to
+//   the row ids, and the consumers hand the stage straight back. EXTRA = false compiles to the single-cache kernel.
+// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (8 instances: + 2 EXTRA).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -70,6 +78,14 @@ constexpr int kBarConsumers = 1, kBarProducer = 2;  // named barriers (0 is __sy
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
+// Kernel-side view of fm_ws3::Extra (the second cache); unused (zeros) when EXTRA is false.
+struct XParams {
+  const uint8_t* kv2;  // rows of the second cache (BF16: 1 KiB rows at stride_kv2 bytes; FP8: contiguous 584-byte rows)
+  const int* idx2;     // int32 [tokens, topk2] at stride_it2 elements
+  int topk2;
+  int64_t n_rows2, stride_it2, stride_kv2;
+};
+
 // Thread / register split (both cache formats). One producer warpgroup: a second one (512 threads) caps the launch
 // at 128 registers per thread, and ptxas refuses the m64n256k16 P @ V at that cap (C7602: needs >= 154 even when
 // setmaxnreg would give the consumers more), so 384 threads is the largest CTA with O [64, 256] in registers.
@@ -97,8 +113,12 @@ struct Smem {
   static constexpr int lsum = red + 2 * 2 * 64 * 4;       // float [2 wg][64] row sums (end)
   static constexpr int bars = lsum + 2 * 64 * 4;          // uint64 full[kStages], empty[kStages]
   static constexpr int total = bars + 2 * kStages * 8;
+  // EXTRA only (past the single-cache layout, which stays as it was): int [kStages][2] "the tile has a valid row",
+  // one word per producer row warp (rows 0..31, 32..63)
+  static constexpr int any = total;
+  static constexpr int total_extra = any + kStages * 2 * 4;
 };
-static_assert(Smem::total + 1024 <= 232448, "shared memory over the sm_90 opt-in limit");
+static_assert(Smem::total_extra + 1024 <= 232448, "shared memory over the sm_90 opt-in limit");
 
 // ------------------------------------------------------------------------------------------------ PTX helpers
 
@@ -169,6 +189,38 @@ __device__ __forceinline__ int load_row_id(const int* idx_row, int pos, int topk
   return (v >= 0 && (int64_t)v < n_rows) ? v : -1;
 }
 
+// Row id of entry pos of the token's index space (EXTRA: the main list, then the extra list mapped past n_rows; see the
+// top of the file), -1 for a hole.
+template <bool EXTRA>
+__device__ __forceinline__ int row_id(const int* idx_row, const int* idx2_row, int pos, const Params& p,
+                                      const XParams& x) {
+  if constexpr (EXTRA) {
+    if (pos >= p.topk) {
+      pos -= p.topk;
+      if (pos >= x.topk2) return -1;
+      const int v = __ldg(idx2_row + pos);
+      return (v >= 0 && (int64_t)v < x.n_rows2) ? (int)(p.n_rows + v) : -1;
+    }
+  }
+  return load_row_id(idx_row, pos, p.topk, p.n_rows);
+}
+
+// Where a row id (>= 0) lives: kv (stride bytes per row), or with EXTRA the ids from n1 on in kv2 (stride2).
+template <bool EXTRA>
+struct Src {
+  const uint8_t* kv;
+  int64_t stride;
+  const uint8_t* kv2;
+  int64_t stride2, n1;
+  __device__ __forceinline__ const uint8_t* at(int row) const {
+    if constexpr (EXTRA) {
+      const bool e = row >= n1;
+      return (e ? kv2 : kv) + (e ? (int64_t)row - n1 : (int64_t)row) * (e ? stride2 : stride);
+    }
+    return kv + (int64_t)row * stride;
+  }
+};
+
 __device__ __forceinline__ uint2 ldg_u2(const uint8_t* p) {
   uint2 v;
   asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -195,28 +247,31 @@ __device__ __forceinline__ uint4 dequant8(uint2 b, float s) {
 // ------------------------------------------------------------------------------------------------ producers
 
 // BF16 rows: thread t (of 128) copies 16-byte chunk t % 64 of rows t / 64 + 2 i (holes zero-filled, never read).
-__device__ __forceinline__ void issue_bf16_tile(uint8_t* stage, const int* rows, const uint8_t* kv, int64_t stride,
-                                                int t) {
+template <bool EXTRA>
+__device__ __forceinline__ void issue_bf16_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& src, int t) {
   const uint32_t base = smem_u32(stage);
   const int c = t & 63;
 #pragma unroll 8
   for (int i = 0; i < kBN / 2; ++i) {
     const int r = (t >> 6) + 2 * i;
     const int row = rows[r];
-    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * stride + c * 16;
-    cp_async16(base + swz(r, c, kBN), src, row >= 0);
+    const uint8_t* g = src.at(row < 0 ? 0 : row) + c * 16;
+    cp_async16(base + swz(r, c, kBN), g, row >= 0);
   }
 }
 
 // FP8: kFp8Batch rows r0 .. of one warp into registers. Lane l reads the row's 8-byte units l, l + 32 and (l < 9)
 // l + 64 (unit u: bytes 8u .. 8u + 7; e4m3 for u < 56, RoPE bf16 for 56..71, the 7 scale bytes + pad at 72): each
 // load instruction of the warp is 256 contiguous bytes.
-__device__ __forceinline__ void fp8_load(uint2 (&v)[kFp8Batch][3], const int* rows, const uint8_t* kv, int r0,
+template <bool EXTRA>
+__device__ __forceinline__ void fp8_load(uint2 (&v)[kFp8Batch][3], const int* rows, const Src<EXTRA>& kv, int r0,
                                          int lane) {
 #pragma unroll
   for (int i = 0; i < kFp8Batch; ++i) {
     const int row = rows[r0 + i];
-    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + 8 * lane;
+    // (EXTRA = false: the single-cache expression as it was, so that kernel compiles unchanged)
+    const uint8_t* src = EXTRA ? kv.at(row < 0 ? 0 : row) + 8 * lane
+                               : kv.kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + 8 * lane;
     const uint2 z = make_uint2(0u, 0u);
     v[i][0] = row >= 0 ? ldg_u2(src) : z;
     v[i][1] = row >= 0 ? ldg_u2(src + 256) : z;
@@ -251,7 +306,8 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[kFp8B
 
 // One FP8 tile by the 4 producer warps (warp W: rows 16 W .. 16 W + 15). The first batch is loaded before waiting for
 // the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage.
-__device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
+template <bool EXTRA>
+__device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& kv, bool wait, uint32_t bar,
                                          uint32_t parity, int* s_rows_st, int cur, int t) {
   // warp / lane re-read per tile (opaque to the compiler): otherwise it hoists every per-row offset out of the tile
   // loop and spills them (as in fm_ws_decode.cu)
@@ -267,16 +323,30 @@ __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const 
   fp8_store(stage, v, r0 + kFp8Batch, lane);
 }
 
+// EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
+// full-barrier arrival that also publishes its row ids (after the stage wait: the consumers have read the old flag).
+template <bool EXTRA>
+__device__ __forceinline__ void publish_any(uint8_t* smem, int s, int cur, int t) {
+  if constexpr (EXTRA) {
+    if (t < kBN) {
+      const unsigned b = __ballot_sync(0xffffffffu, cur >= 0);
+      if ((t & 31) == 0) reinterpret_cast<int*>(smem + Smem::any)[2 * s + (t >> 5)] = b != 0u ? 1 : 0;
+    }
+  }
+}
+
 // Producer thread t (0 .. Cfg::kProducers - 1). Threads t < 64 hold the row ids of tiles j (cur) and j + 1 (nxt).
-template <bool FP8, int MODE>
-__device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv, const int* idx_row, const Params& p, int lo,
-                                         int n, int t, uint32_t bar_full, uint32_t bar_empty) {
+template <bool FP8, int MODE, bool EXTRA>
+__device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv_base, const int* idx_row, const int* idx2_row,
+                                         const Params& p, const XParams& x, int lo, int n, int t, uint32_t bar_full,
+                                         uint32_t bar_empty) {
   int* s_rows = reinterpret_cast<int*>(smem + Smem::rows);
   int* prow = reinterpret_cast<int*>(smem + Smem::prow);
   const int64_t stride = FP8 ? kFp8Row : p.stride_kv * 2;
+  const Src<EXTRA> kv{kv_base, stride, x.kv2, FP8 ? kFp8Row : x.stride_kv2, p.n_rows};
   int cur = -1, nxt = -1;
-  if (t < kBN && n > 0) cur = load_row_id(idx_row, lo * kBN + t, p.topk, p.n_rows);
-  if (t < kBN && n > 1) nxt = load_row_id(idx_row, (lo + 1) * kBN + t, p.topk, p.n_rows);
+  if (t < kBN && n > 0) cur = row_id<EXTRA>(idx_row, idx2_row, lo * kBN + t, p, x);
+  if (t < kBN && n > 1) nxt = row_id<EXTRA>(idx_row, idx2_row, (lo + 1) * kBN + t, p, x);
   for (int j = 0; j < n; ++j) {
     const int s = j % kStages;
     const bool wait = j >= kStages;
@@ -292,7 +362,7 @@ __device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv, const
         if constexpr (FP8) {
           fp8_tile(stage, rows, kv, false, 0, 0, s_rows, cur, t);
         } else {
-          issue_bf16_tile(stage, rows, kv, stride, t);
+          issue_bf16_tile(stage, rows, kv, t);
           cp_commit();
           cp_wait_all();
         }
@@ -301,27 +371,29 @@ __device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv, const
       mbar_arrive(bar_full + 8 * s);
     } else if constexpr (FP8) {
       fp8_tile(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+      publish_any<EXTRA>(smem, s, cur, t);
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {  // tile j + 1's rows into L2 (6 lines of 584 bytes, 8-byte aligned)
-        const uint8_t* row = kv + (int64_t)nxt * kFp8Row;
+        const uint8_t* row = kv.at(nxt);
 #pragma unroll
         for (int i = 0; i < 6; ++i) prefetch_l2(row + (i < 5 ? 128 * i : 583));
       }
     } else {
       if (wait) mbar_wait(bar_empty + 8 * s, parity);
       if (t < kBN) s_rows[s * kBN + t] = cur;
-      issue_bf16_tile(stage, rows, kv, stride, t);
+      publish_any<EXTRA>(smem, s, cur, t);
+      issue_bf16_tile(stage, rows, kv, t);
       cp_async_mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {  // tile j + 1's rows into L2 while its stage is still busy (1 KiB, 16-byte aligned:
-        const uint8_t* row = kv + (int64_t)nxt * stride;  // 8 or 9 lines)
+        const uint8_t* row = kv.at(nxt);  // 8 or 9 lines)
 #pragma unroll
         for (int i = 0; i < 9; ++i) prefetch_l2(row + (i < 8 ? 128 * i : 1023));
       }
     }
     if (t < kBN) {
       cur = nxt;
-      nxt = j + 2 < n ? load_row_id(idx_row, (lo + j + 2) * kBN + t, p.topk, p.n_rows) : -1;
+      nxt = j + 2 < n ? row_id<EXTRA>(idx_row, idx2_row, (lo + j + 2) * kBN + t, p, x) : -1;
     }
   }
   if constexpr (!FP8) cp_wait_all();  // no thread exits with copies in flight
@@ -501,7 +573,7 @@ __device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, f
 // then overlap the wait for tile i + 1 (the producer is the bottleneck: ws2 producer-only 77 of the serial 92 us).
 // The price: the tensor pipe drains between P_i V_i and S_{i+1} (issuing them back to back would tie the release of
 // stage i to the arrival of tile i + 1 and serialise the gathers).
-template <int MODE>
+template <int MODE, bool EXTRA>
 __device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
                                          float* lse, float* part_o, float* part_lse, const Params& p, int64_t tok,
                                          int hb, int split, int n, int tid, uint32_t bar_full, uint32_t bar_empty) {
@@ -539,6 +611,13 @@ __device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, 
   for (int i = 0; i < n; ++i) {
     const int st = i % kStages;
     mbar_wait(bar_full + 8 * st, (i / kStages) & 1);
+    if constexpr (EXTRA) {  // a tile of holes only (same flag for all 256 threads): hand the stage straight back
+      const int* any = reinterpret_cast<const int*>(smem + Smem::any) + 2 * st;
+      if ((any[0] | any[1]) == 0) {
+        mbar_arrive(bar_empty + 8 * st);
+        continue;
+      }
+    }
     fence_async_smem();
     reg_fence<16>(s);
     wg_arrive();
@@ -554,11 +633,11 @@ __device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, 
 
 // ------------------------------------------------------------------------------------------------ kernel
 
-template <bool FP8, int MODE>
+template <bool FP8, int MODE, bool EXTRA>
 __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
     ws3_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv, const int* __restrict__ idx,
                       const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
-                      float* __restrict__ part_o, float* __restrict__ part_lse, Params p) {
+                      float* __restrict__ part_o, float* __restrict__ part_lse, Params p, XParams x) {
   using C = Cfg<FP8>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // Dynamic shared memory is only 16-byte aligned by contract: align to 1 KiB (the swizzle atom) by hand.
@@ -569,7 +648,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   const int hb = blockIdx.x % num_hb;
   const int split = (blockIdx.x / num_hb) % p.num_splits;
   const int64_t tok = blockIdx.x / (num_hb * p.num_splits);
-  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  const int n_tiles = (p.topk + (EXTRA ? x.topk2 : 0) + kBN - 1) / kBN;  // EXTRA: main list, then extra list
   const int lo = split * p.tiles_per_split;
   const int n = max(min(lo + p.tiles_per_split, n_tiles) - lo, 0);
   if (tid == 0) {
@@ -583,17 +662,19 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   __syncthreads();
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    producer<FP8, MODE>(smem, kv, idx + tok * p.stride_it, p, lo, n, tid - kConsumers, bar_full, bar_empty);
+    const int* idx2_row = EXTRA ? x.idx2 + tok * x.stride_it2 : nullptr;
+    producer<FP8, MODE, EXTRA>(smem, kv, idx + tok * p.stride_it, idx2_row, p, x, lo, n, tid - kConsumers, bar_full,
+                               bar_empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<MODE>(smem, q, sink, out, lse, part_o, part_lse, p, tok, hb, split, n, tid, bar_full, bar_empty);
+    consumer<MODE, EXTRA>(smem, q, sink, out, lse, part_o, part_lse, p, tok, hb, split, n, tid, bar_full, bar_empty);
   }
 }
 
-template <bool FP8, int MODE>
-static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
-  const int smem = Smem::total + 1024;  // + alignment slack
-  auto kern = ws3_decode_kernel<FP8, MODE>;
+template <bool FP8, int MODE, bool EXTRA = false>
+static int launch_impl(const LaunchArgs& a, cudaStream_t stream, const XParams& x = XParams{}) {
+  const int smem = (EXTRA ? Smem::total_extra : Smem::total) + 1024;  // + alignment slack
+  auto kern = ws3_decode_kernel<FP8, MODE, EXTRA>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
   const Params& p = a.p;
@@ -603,7 +684,7 @@ static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
       reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
       reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
       reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
-      reinterpret_cast<float*>(a.part_lse), p);
+      reinterpret_cast<float*>(a.part_lse), p, x);
   return (int)cudaGetLastError();
 }
 
@@ -623,6 +704,16 @@ int fm_ws3_launch(const fm_ws::LaunchArgs& a, bool fp8, int mode, uintptr_t stre
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_mode<true>(a, mode, s) : fm_ws3::launch_mode<false>(a, mode, s);
 }
+
+int fm_ws3_launch_extra(const fm_ws::LaunchArgs& a, const fm_ws3::Extra& e, bool fp8, uintptr_t stream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  const fm_ws3::XParams x{reinterpret_cast<const uint8_t*>(e.kv2), reinterpret_cast<const int*>(e.idx2), e.topk2,
+                          e.n_rows2, e.stride_it2, e.stride_kv2};
+  return fp8 ? fm_ws3::launch_impl<true, fm_ws3::kFull, true>(a, s, x)
+             : fm_ws3::launch_impl<false, fm_ws3::kFull, true>(a, s, x);
+}
+
+int fm_ws3_smem_bytes_extra() { return fm_ws3::Smem::total_extra + 1024; }
 
 int fm_ws3_smem_bytes(bool fp8) {
   (void)fp8;  // same layout for both caches: FP8 rows are dequantised by the producers straight into the ring

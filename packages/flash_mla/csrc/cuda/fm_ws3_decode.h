@@ -10,5 +10,22 @@
 // ablations, as fm_ws_launch's modes 1 and 2).
 int fm_ws3_launch(const fm_ws::LaunchArgs& a, bool fp8, int mode, uintptr_t stream);
 int fm_ws3_smem_bytes(bool fp8);
+
+namespace fm_ws3 {
+// The engine's second cache for fm_ws3_launch_extra (same row format as kv): the extra list follows the main list in
+// the index space (a.p.topk entries into kv, then topk2 into kv2) and LaunchArgs' tiles_per_split counts 64-row tiles
+// of both lists together. n_rows + n_rows2 must fit in int32 (the kernel's combined row ids; checked by the caller).
+struct Extra {
+  uintptr_t kv2, idx2;  // device pointers: cache rows, int32 [tokens, topk2]
+  int topk2;
+  int64_t n_rows2;      // slots of kv2 (valid index range)
+  int64_t stride_it2;   // index rows (elements)
+  int64_t stride_kv2;   // cache rows (bytes; FP8: must be 584, contiguous rows)
+};
+}  // namespace fm_ws3
+
+// ws3 with the extra cache (mode 0 only: no ablations). Returns a cudaError_t code.
+int fm_ws3_launch_extra(const fm_ws::LaunchArgs& a, const fm_ws3::Extra& e, bool fp8, uintptr_t stream);
+int fm_ws3_smem_bytes_extra();  // dynamic shared memory per CTA of fm_ws3_launch_extra (16 B more: the skip flags)
 int fm_ws3_block_rows();  // KV rows per tile (the unit of tiles_per_split): 64
-int fm_ws3_threads(bool fp8);  // threads per CTA: 384 (BF16: one producer warpgroup) / 512 (FP8: two)
+int fm_ws3_threads(bool fp8);  // threads per CTA: 384 (one producer warpgroup, both caches)

@@ -30,6 +30,36 @@ static void sparse_decode_ws(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t
   if (rc != 0) throw std::runtime_error(std::string("sparse_decode_ws launch failed: ") + fm_ws_error_string(rc));
 }
 
+// ws3 with the engine's second cache (fm_ws3_launch_extra): the main list (topk into kv) followed by the extra list
+// (topk2 into kv2, same row format), tiles_per_split in 64-row tiles of both lists. Strides of kv2 in bytes.
+static void sparse_decode_ws3_extra(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t kv2, uintptr_t idx2,
+                                    uintptr_t sink, uintptr_t out, uintptr_t lse, uintptr_t part_o,
+                                    uintptr_t part_lse, int64_t num_tokens, int H, int topk, int topk2,
+                                    int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
+                                    int64_t n_rows2, int64_t stride_it, int64_t stride_it2, int64_t stride_qt,
+                                    int64_t stride_qh, int64_t stride_kv, int64_t stride_kv2_bytes,
+                                    int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh,
+                                    bool fp8, uintptr_t stream) {
+  if (H <= 0 || H % 64 != 0)
+    throw std::invalid_argument("sparse_decode_ws3_extra: H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0 || topk < 0 || topk2 < 0)
+    throw std::invalid_argument("sparse_decode_ws3_extra: bad split plan or index widths");
+  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
+    throw std::invalid_argument("sparse_decode_ws3_extra: num_splits > 1 needs the part_o / part_lse workspaces");
+  if (n_rows < 0 || n_rows2 < 0 || n_rows + n_rows2 > 2147483647LL)
+    throw std::invalid_argument("sparse_decode_ws3_extra: n_rows + n_rows2 must fit in int32 (combined row ids)");
+  if (fp8 && stride_kv2_bytes != 584)
+    throw std::invalid_argument("sparse_decode_ws3_extra: FP8 extra rows must be contiguous 584-byte rows");
+  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
+  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
+                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
+                      stride_lh};
+  const fm_ws3::Extra e{kv2, idx2, topk2, n_rows2, stride_it2, stride_kv2_bytes};
+  const int rc = fm_ws3_launch_extra(a, e, fp8, stream);
+  if (rc != 0)
+    throw std::runtime_error(std::string("sparse_decode_ws3_extra launch failed: ") + fm_ws_error_string(rc));
+}
+
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
@@ -42,4 +72,10 @@ void fm_register_ws(pybind11::module_& m) {
   m.def("ws3_smem_bytes", &fm_ws3_smem_bytes, "Dynamic shared memory per CTA (bytes) of sparse_decode_ws variant 3");
   m.def("ws3_block_rows", &fm_ws3_block_rows, "KV rows per tile of sparse_decode_ws variant 3 (64)");
   m.def("ws3_threads", &fm_ws3_threads, "Threads per CTA of sparse_decode_ws variant 3");
+  m.def("sparse_decode_ws3_extra", &sparse_decode_ws3_extra,
+        "ws3 (fm_ws3_decode.cu) with a second cache: sparse_decode_ws's arguments for variant 3 plus kv2 / idx2 after "
+        "idx, topk2 after topk, n_rows2 after n_rows, stride_it2 after stride_it, stride_kv2 (bytes) after stride_kv; "
+        "tiles_per_split counts 64-row tiles of the main list followed by the extra list; all-hole tiles are skipped. "
+        "No ablation modes.");
+  m.def("ws3_smem_bytes_extra", &fm_ws3_smem_bytes_extra, "Dynamic shared memory per CTA of sparse_decode_ws3_extra");
 }

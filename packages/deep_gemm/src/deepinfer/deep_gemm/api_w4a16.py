@@ -9,7 +9,9 @@ Dispatch (no host sync on the fast path, so it can be captured in a CUDA graph):
   choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only), "auto" (CUDA when the
   rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the kernel: kernel 5 (`w4a16_configs.CUDA_P_BY_TN`)
   where `_C` has it and g <= CUDA_P_MAX_GROUPS, else kernel 4; Triton otherwise), "cuda" (CUDA wherever it can
-  run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group);
+  run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group), "cutlass_dq" (opt-in, prepared in session 5,
+  not yet GPU-run: at >= `cutlass_w4a16_dq.MIN_ROWS` rows per group, dequantise chunks of experts to bf16 and run
+  CUTLASS's grouped bf16 GEMM, `backends/cuda/cutlass_w4a16_dq.py`, where `_C` has it; "auto" otherwise);
 * CPU tensors -> the PyTorch reference (`reference_w4a16.py`), unless DEEPINFER_DEEP_GEMM_BACKEND=triton,
   which needs TRITON_INTERPRET=1 (the interpreter; dot operands are then upcast to fp32 automatically).
 """
@@ -30,7 +32,7 @@ from .backends.cuda.w4a16_configs import CUDA_BY_TN, W4A16Config, cuda_config, p
 __all__ = ["m_grouped_bf16_fp4_gemm_nt_contiguous"]
 
 IMPL_ENV = "DEEPINFER_DG_W4A16_IMPL"
-IMPL_CHOICES = ("auto", "triton", "cuda")
+IMPL_CHOICES = ("auto", "triton", "cuda", "cutlass_dq")
 # What an unset DEEPINFER_DG_W4A16_IMPL means: "auto" since the CUDA kernel passed its GPU tests and beat Triton at
 # decode sizes on the H200 (session 4, the `dg_w4a16[m8n64k256w4s4cu]` rows; kernel 5 since session 5, the
 # `dg_w4a16[...cp]` rows: see w4a16_configs.CUDA_P_BY_TN).
@@ -99,6 +101,11 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if use_triton(a.device):
+        if config is None and _use_cutlass_dq(a, packed, scales, offs, out, g, expected_m):
+            from .backends.cuda import cutlass_w4a16_dq as dq
+
+            run_dq = dq.m_grouped_bf16_fp4_gemm_nt_contiguous_cutlass_dq
+            return run_dq(a, packed, scales, offs, out, expected_m=expected_m)
         cfg = _cuda_choice(a, packed, scales, g, config, expected_m)
         if cfg is not None:
             return _run_cuda(cfg, a, packed, scales, offs, out)
@@ -112,11 +119,37 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
 
 
 def _impl() -> str:
-    """The W4A16 impl choice: env DEEPINFER_DG_W4A16_IMPL (auto | triton | cuda), else DEFAULT_IMPL."""
+    """The W4A16 impl choice: env DEEPINFER_DG_W4A16_IMPL (auto | triton | cuda | cutlass_dq), else DEFAULT_IMPL."""
     wanted = os.environ.get(IMPL_ENV, "").strip().lower() or DEFAULT_IMPL
     if wanted not in IMPL_CHOICES:
         raise ValueError(f"{IMPL_ENV}: expected one of {'|'.join(IMPL_CHOICES)}, got {wanted!r}")
     return wanted
+
+
+def _on_cuda(t: torch.Tensor) -> bool:
+    """True for a CUDA tensor (a seam: the CPU routing tests fake it)."""
+    return t.is_cuda
+
+
+def _use_cutlass_dq(
+    a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, g: int,
+    expected_m: int | None,
+) -> bool:  # fmt: skip
+    """True when the opt-in `cutlass_dq` impl is chosen and applies: no forced config name, enough rows per group
+    (`cutlass_w4a16_dq.MIN_ROWS`), `_C` built with it, operands it takes (metadata only: no device values read)."""
+    if _impl() != "cutlass_dq" or os.environ.get("DEEPINFER_DG_W4A16_CONFIG"):
+        return False
+    if os.environ.get(ENV_VAR, "").strip().lower() == "triton" or not _on_cuda(a):
+        return False
+    from .backends.cuda import cutlass_w4a16_dq as dq
+
+    if rows_per_group(a.shape[0], g, expected_m) < dq.MIN_ROWS or not dq.available():
+        return False
+    try:
+        dq.check_args(a, packed, scales, offs, out)
+    except (TypeError, ValueError):
+        return False  # e.g. a misaligned view: the default kernels take it
+    return True
 
 
 def _cuda_choice(

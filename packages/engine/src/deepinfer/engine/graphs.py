@@ -115,14 +115,21 @@ class DecodeGraphs:
         self._ready = (size, self._key(nxt))
 
     @torch.inference_mode()
-    def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        """fp32 logits [len(chunks), vocab] of a decode step (every chunk is one token)."""
+    def run(self, chunks: list[SeqChunk], device_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [len(chunks), vocab] of a decode step (every chunk is one token).
+
+        device_tokens: optional int64 [len(chunks)] on the device (the previous step's samples): the step's input
+        ids, copied device to device (the chunks' own token_ids are then ignored)."""
         size = self.bucket(len(chunks))
         if size not in self.graphs:
             self._capture(size)
         graph, static, out = self.graphs[size]
         ready, self._ready = self._ready, None
-        if ready == (size, self._key(chunks)):  # layout already uploaded by prefetch: only the tokens are new
+        if device_tokens is not None:
+            if ready != (size, self._key(chunks)):
+                self._upload(static, self._batch(chunks, size, on_host=True))
+            static.token_ids[: len(chunks)].copy_(device_tokens, non_blocking=True)
+        elif ready == (size, self._key(chunks)):  # layout already uploaded by prefetch: only the tokens are new
             tokens = torch.tensor([c.token_ids[0] for c in chunks], dtype=torch.int64)
             static.token_ids[: len(chunks)].copy_(tokens, non_blocking=True)
         else:

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from .async_sampling import TokenReadback, async_sampling_enabled, device_sampling_ok, sample_on_device
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
 
 _DTYPES = dict.fromkeys(("float32", "fp32", "float"), torch.float32)
@@ -142,6 +143,10 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
         )
         self._seed_stream = random.Random(seed)
+        # DEEPINFER_ASYNC_SAMPLING=1: sample on the device and launch the next decode step before reading tokens.
+        self.async_sampling = async_sampling_enabled()
+        self._readback = TokenReadback()
+        self.async_stats = {"launched_ahead": 0, "used": 0}  # steps launched before their tokens were known
         self._next_request = 0
         self.last_run_seconds = 0.0
 
@@ -266,26 +271,95 @@ class LLM:
             self.last_run_seconds = time.perf_counter() - start
         return [seq.to_output() for seq in seqs]
 
+    def _schedule(self) -> list[ScheduledChunk]:
+        """The scheduler's next batch; empty only when that step failed requests that can never fit (nothing
+        left to run); raises when requests wait but nothing can be scheduled."""
+        batch = self.scheduler.schedule()
+        if not batch and self.scheduler.has_unfinished():
+            raise RuntimeError(
+                f"no sequence could be scheduled: {len(self.scheduler.waiting)} waiting, none running and no "
+                "free cache slot; the cache's slot bookkeeping is inconsistent"
+            )
+        return batch
+
     def _loop(self, bar: Any, start: float) -> None:
+        if self.async_sampling:
+            self._loop_async(bar, start)
+            return
         counts = [0, 0]  # prompt tokens, generated tokens of the finished requests
         while True:
             self._count_finished(bar, counts, start)
             if not self.scheduler.has_unfinished():
                 return
-            batch = self.scheduler.schedule()
+            batch = self._schedule()
             if not batch:
-                if not self.scheduler.has_unfinished():
-                    continue  # the step only failed requests that can never fit
-                raise RuntimeError(
-                    f"no sequence could be scheduled: {len(self.scheduler.waiting)} waiting, none running and no "
-                    "free cache slot; the cache's slot bookkeeping is inconsistent"
-                )
+                continue  # the step only failed requests that can never fit
             chunks = [item.chunk for item in batch]
             logits = self.runner.forward(chunks)
             prefetch = getattr(self.runner, "prefetch_next", None)  # fakes in tests may lack it
             if prefetch is not None:
                 prefetch(chunks)  # next step's layout while the GPU runs this one
             self.scheduler.update(batch, logits)
+
+    def _loop_async(self, bar: Any, start: float) -> None:
+        """`_loop` with sampling on the device and the next decode step launched before this one's tokens are
+        read (DEEPINFER_ASYNC_SAMPLING=1; see async_sampling.py). Same tokens as `_loop`."""
+        counts = [0, 0]
+        ahead: tuple[list[ScheduledChunk], torch.Tensor] | None = None  # launched step and its logits
+        while True:
+            self._count_finished(bar, counts, start)
+            if not self.scheduler.has_unfinished():
+                return
+            batch = self._schedule()
+            if not batch:
+                continue
+            launched, ahead = ahead, None
+            params = [item.seq.params for item in batch]
+            if not (all(item.samples and item.chunk.want == "last" for item in batch) and device_sampling_ok(params)):
+                self._sync_step(batch)
+                continue
+            if launched is not None and _same_step(launched[0], batch):
+                logits = launched[1]
+                self.async_stats["used"] += 1
+            else:  # no guess, or a wrong one (its step is dropped: see async_sampling.py)
+                outs = self.runner.forward([item.chunk for item in batch])
+                logits = torch.cat([o[-1:] for o in outs]).float()
+            seqs = [item.seq for item in batch]
+            tokens, nan = sample_on_device(
+                logits, params, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]
+            )
+            pending = self._readback.start(tokens, nan)
+            ahead = self._launch_ahead(batch, tokens)
+            self.scheduler.update_tokens(batch, pending.wait())
+
+    def _launch_ahead(
+        self, batch: list[ScheduledChunk], tokens: torch.Tensor
+    ) -> tuple[list[ScheduledChunk], torch.Tensor] | None:
+        """Reserve and launch the guessed next step (`Scheduler.plan_ahead`) with `tokens` [len(batch)] (device)
+        as its input ids; None when there is no guess or the runner cannot take device ids (`forward_decode`:
+        a runner without it keeps its cache contract, e.g. the test fakes, and only samples on the device)."""
+        forward_decode = getattr(self.runner, "forward_decode", None)
+        if forward_decode is None:
+            return None
+        nxt = self.scheduler.plan_ahead(batch)
+        if nxt is None:
+            return None
+        keep = {id(item.seq): i for i, item in enumerate(batch)}
+        rows = [keep[id(item.seq)] for item in nxt]
+        # Integer indexing makes views; stacking them is one kernel, with no host-built index tensor to upload.
+        ids = tokens if len(rows) == len(batch) else torch.stack([tokens[i] for i in rows])
+        chunks = [item.chunk for item in nxt]
+        self.async_stats["launched_ahead"] += 1
+        return nxt, forward_decode(chunks, ids).float()
+
+    def _sync_step(self, batch: list[ScheduledChunk]) -> None:
+        """One step of the synchronous loop: forward, prefetch hint, host sampling."""
+        chunks = [item.chunk for item in batch]
+        logits = self.runner.forward(chunks)
+        prefetch = getattr(self.runner, "prefetch_next", None)
+        if prefetch is not None:
+            prefetch(chunks)
+        self.scheduler.update(batch, logits)
 
     def _count_finished(self, bar: Any, counts: list[int], start: float) -> None:
         """Advance the progress bar by the newly finished requests and show the token rates so far."""
@@ -297,3 +371,16 @@ class LLM:
         elapsed = max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(f"in {counts[0] / elapsed:.1f} tok/s, out {counts[1] / elapsed:.1f} tok/s", refresh=False)
         bar.update(len(done))
+
+
+def _same_step(launched: list[ScheduledChunk], batch: list[ScheduledChunk]) -> bool:
+    """True when `batch` (just scheduled) is the step launched ahead: same sequences, order and positions."""
+    return len(launched) == len(batch) and all(
+        a.seq is b.seq
+        and a.chunk.slot == b.chunk.slot
+        and a.chunk.start_pos == b.chunk.start_pos
+        and len(b.chunk.token_ids) == 1
+        and b.chunk.want == "last"
+        and b.samples
+        for a, b in zip(launched, batch)
+    )

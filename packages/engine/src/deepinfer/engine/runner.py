@@ -138,6 +138,25 @@ class ModelRunner:
         logits = self.model.logits(resid[torch.tensor(rows, device=resid.device)])
         return [None if s is None else logits[s[0] : s[0] + s[1]] for s in spans]
 
+    @torch.inference_mode()
+    def forward_decode(self, chunks: list[SeqChunk], token_ids: torch.Tensor) -> torch.Tensor:
+        """A decode step whose input ids are already on the device: fp32 logits [len(chunks), vocab].
+
+        chunks: one token each (its value is ignored: a placeholder), want "last"; token_ids: int64
+        [len(chunks)] on this runner's device, e.g. the previous step's `sample_on_device` result. On the
+        CUDA-graph path the ids are copied device to device, so the host never waits for them; otherwise the
+        ids are read and the step runs through `forward` (the same logits)."""
+        if len(token_ids) != len(chunks) or any(len(c.token_ids) != 1 or c.want != "last" for c in chunks):
+            raise ValueError(
+                f"forward_decode needs one 'last' token per chunk and one id per chunk, got {len(chunks)} chunks "
+                f"and {len(token_ids)} ids"
+            )
+        if self.graphs is not None and chunks and self.graphs.bucket(len(chunks)) is not None:
+            self._check(chunks)
+            return self.graphs.run(chunks, token_ids.to(torch.int64))
+        real = [SeqChunk(c.slot, [t], c.start_pos, c.want) for c, t in zip(chunks, token_ids.tolist())]
+        return torch.cat(self.forward(real))
+
     def prefetch_next(self, chunks: list[SeqChunk]) -> None:
         """Hint after a decode step's `forward`, before reading its logits: the next step is likely the same
         sequences one position on; on the CUDA-graph path its layout is built and uploaded now, overlapping the

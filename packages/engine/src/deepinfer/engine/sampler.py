@@ -105,6 +105,11 @@ def _check_inputs(
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, seed: int) -> int:
     """Sample from one fp32 [V] logits row with the filters of `p`; noise from a generator seeded with `seed`."""
+    return int(_sample_row_tensor(row, p, seed))
+
+
+def _sample_row_tensor(row: torch.Tensor, p: SamplingParams, seed: int) -> torch.Tensor:
+    """`_sample_row` without reading the result: a 0-d int64 tensor on row's device (no host sync on CUDA)."""
     scores = row / p.temperature
     vocab = scores.shape[0]
     if 0 < p.top_k < vocab:
@@ -120,7 +125,7 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, seed: int) -> int:
     noise = torch.empty(vocab, dtype=torch.float64, device=row.device).exponential_(generator=gen)
     # Clamp so a masked token stays at -inf (-inf - log(0) would be NaN, which argmax would pick).
     race = scores.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log()
-    return int(torch.argmax(race))
+    return torch.argmax(race)
 
 
 def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:

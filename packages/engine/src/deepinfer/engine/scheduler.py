@@ -230,6 +230,48 @@ class Scheduler:
             for seq, tok, lp in zip(sampling, result.token_ids, result.logprobs):
                 self._append(seq, tok, lp)
 
+    def update_tokens(self, batch: list[ScheduledChunk], tokens: list[int]) -> None:
+        """`update` for a step sampled elsewhere (`sample_on_device`): every chunk samples, tokens[i] is chunk i's
+        new token, no logprobs. The same bookkeeping, stop rules and frees as `update`, in the same order."""
+        if len(tokens) != len(batch) or not all(item.samples and item.chunk.want == "last" for item in batch):
+            raise ValueError(f"update_tokens needs one sampling 'last' chunk per token, got {len(batch)} chunks")
+        for item in batch:
+            item.seq.num_cached += len(item.chunk.token_ids)
+        for item, tok in zip(batch, tokens):
+            self._append(item.seq, tok, None)
+
+    def plan_ahead(self, batch: list[ScheduledChunk]) -> list[ScheduledChunk] | None:
+        """Guess the step after `batch` before its tokens are known, and reserve its cache rows; None if unsure.
+
+        Only for a decode step (every chunk one sampling token, no logprobs) of every running sequence, in
+        running order: the next `schedule()` then returns the same sequences one position on unless one stops
+        (length stops are known now and leave the guess; EOS / stop strings make it wrong, which the caller sees
+        by comparing) or a waiting request is admitted (then no guess). The chunks' token ids are placeholders
+        (0): the caller feeds the sampled ids on the device. Reserving early takes no block the next
+        `schedule()` would not take (sequences that stop free theirs first), so scheduling is unchanged.
+        """
+        seqs = [item.seq for item in batch]
+        if seqs != self.running or not all(
+            item.samples and item.chunk.want == "last" and len(item.chunk.token_ids) == 1 for item in batch
+        ):
+            return None
+        if any(s.params.logprobs is not None or s.wants_prompt_logprobs for s in seqs):
+            return None
+        going = [s for s in seqs if not self._stops_by_length(s)]
+        if not going or len(going) > self.max_num_batched_tokens:
+            return None
+        if self.waiting and len(going) < self.max_num_seqs:
+            return None  # an admission (and a prefill chunk) may join the next step
+        for s in going:
+            if not self.cache.reserve(s.slot, s.num_cached + 2):
+                return None
+        return [ScheduledChunk(s, SeqChunk(s.slot, [0], s.num_cached + 1, "last"), True) for s in going]
+
+    def _stops_by_length(self, seq: Sequence) -> bool:
+        """True when the token being sampled now is the sequence's last (max_tokens or max_model_len)."""
+        cap = seq.params.max_tokens
+        return (cap is not None and len(seq.output_token_ids) + 1 >= cap) or seq.num_tokens + 1 >= self.max_model_len
+
     def _check_logits(self, chunk: SeqChunk, out: torch.Tensor | None) -> None:
         rows = len(chunk.token_ids) if chunk.want == "all" else 1
         if out is None or out.dim() != 2 or out.shape[0] != rows or out.shape[1] != self.vocab_size:

@@ -6,7 +6,8 @@ On the Triton backend:
 
 * bf16 q with bf16 and/or FP8 (uint8 [..., 584]) caches: `triton_split_attn.sparse_attn_split_triton`, which
   runs DEFAULT_KERNELS' kernel: when `_C` is built, the warp-specialised ws3 kernel (`cuda_ws_decode.py`) for
-  calls of >= WS3_MIN_TOKENS (32) query tokens without an extra cache (h % 64 == 0, d = 512), else the serial
+  calls of >= WS3_MIN_TOKENS (32) query tokens without an extra cache (with one too only when
+  DEEPINFER_FLASH_MLA_WS3_EXTRA=1; h % 64 == 0, d = 512), else the serial
   CUDA kernel (`cuda_sparse_decode.py`) when it takes the call (d = 512, both caches of one format, with or without
   the extra cache), else the Triton split kernel (all heads per program, split-KV for few tokens); prefill and
   decode alike (decode's [b, s_q] tokens flattened: t = b * s_q). `kernel_for` names it;
@@ -57,7 +58,8 @@ def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> s
 
 def kernel_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
     """The kernel a call with these tensors (q [t, h, d], as `sparse_attn` gets it) runs: "cuda_ws3" (the
-    warp-specialised sm_90a kernel: >= WS3_MIN_TOKENS tokens, no extra cache), "cuda" (the serial sm_90a kernel),
+    warp-specialised sm_90a kernel: >= WS3_MIN_TOKENS tokens, no extra cache unless DEEPINFER_FLASH_MLA_WS3_EXTRA=1),
+    "cuda" (the serial sm_90a kernel),
     "fused" / "chunked" / "deferred" (Triton split kernels), "legacy" (the older Triton kernel) or "reference".
     Shapes / dtypes only."""
     path = route(q, kv, extra_kv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..async_sampling import async_sampling_enabled
 from ..config import ModelConfig
 from .layout import LayerCacheSpec, block_tokens_for, bytes_per_block, bytes_per_slot, layer_specs
 
@@ -62,6 +63,7 @@ class CachePool:
         self._free_blocks = list(range(num_blocks - 1, -1, -1))
         self._free_slots = list(range(num_slots - 2, -1, -1))  # the dummy slot is not free
         self._slot_blocks: dict[int, list[int]] = {}
+        self.async_uploads = async_sampling_enabled()  # see `reserve`
 
     def _alloc(self, rows: int, width: int) -> torch.Tensor:
         # NaN-filled so a read of a row nothing wrote shows up in tests instead of passing as zeros.
@@ -149,7 +151,9 @@ class CachePool:
             blocks.append(self._free_blocks.pop())
         new = torch.tensor(blocks[first:], dtype=torch.int32)
         self.block_table_host[slot, first : len(blocks)] = new
-        self.block_table[slot, first : len(blocks)] = new.to(self.device)
+        # A blocking upload waits for the whole stream (the step in flight); with async sampling the copy is
+        # queued instead (stream order still puts it before the next step that reads the table).
+        self.block_table[slot, first : len(blocks)].copy_(new, non_blocking=self.async_uploads)
         return True
 
     def free_slot(self, slot: int) -> None:

@@ -21,6 +21,14 @@ gather after tile 0: the compute rate), "no_xchg" (no partial-S exchange), "qk_o
 only the P @ V wgmma), "no_softmax" (S packed to bf16 as P: no max / exp / row sums); ws3 has "producer" and
 "consumer" only (`ablations_of`).
 
+Extra cache (session 5 round 4, NOT yet GPU-run; off by default): ws3 also takes the engine's call, `extra_kv` /
+`extra_indices` (the step's fresh rows, same row format as kv): the main list followed by the extra list in 64-row tiles
+(a tile may straddle both), the producer gathering each row from its cache, all-hole tiles skipped (the serial kernel's
+rules; `_C.sparse_decode_ws3_extra`, fm_ws3_decode.cu's EXTRA flag). Routed only by an explicit
+`sparse_attn_split_triton(kernel="cuda_ws3")` or, for the default route (kernel=None: the engine's calls), by the
+environment variable `DEEPINFER_FLASH_MLA_WS3_EXTRA=1` (`WS3_EXTRA_ENV`; then extra-cache calls of at least
+`WS3_MIN_TOKENS` tokens run ws3 too). Without either, extra-cache calls run the serial kernel as before.
+
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -30,6 +38,7 @@ The launcher reads shapes, strides and pointers only (no host sync): CUDA-graph 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 
@@ -49,13 +58,17 @@ __all__ = [
     "block_rows",
     "probe",
     "probe_ablations",
+    "probe_extra",
     "run_ablations",
     "self_check",
+    "self_check_extra",
     "sparse_attn_ws",
     "split_plan",
     "supports",
     "ws3_available",
     "ws3_default_for",
+    "ws3_extra_available",
+    "ws3_extra_enabled",
     "ws3_why_not",
 ]
 
@@ -79,6 +92,9 @@ _WS3_ABLATIONS = ("full", "producer", "consumer")
 # timed the public call with this threshold: ws3 at every case from 32 tokens, the serial kernel below, each within
 # 2 % of the kernel's own row (ws3 x serial: 1.04-1.18 BF16 / 1.14-1.22 FP8 from 32 tokens, 0.81-0.98 at 1..4).
 WS3_MIN_TOKENS = 32
+# "1": the default route (kernel=None) sends extra-cache calls (the engine's) of >= WS3_MIN_TOKENS tokens to ws3 as
+# well (`ws3_default_for`); unset / anything else: they run the serial kernel (the measured default). Read per call.
+WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
 
 
 def ablations_of(variant: str) -> tuple[str, ...]:
@@ -124,23 +140,51 @@ def ws3_available() -> bool:
     return mod is not None and hasattr(mod, "ws3_block_rows")
 
 
-def ws3_why_not(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None = None) -> str | None:
+def ws3_extra_available() -> bool:
+    """True when `_C` has ws3 with the extra cache (`sparse_decode_ws3_extra`, session 5 round 4 source)."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "sparse_decode_ws3_extra")
+
+
+def ws3_extra_enabled() -> bool:
+    """Whether the default route may send extra-cache calls to ws3: `DEEPINFER_FLASH_MLA_WS3_EXTRA=1` (off by
+    default)."""
+    return os.environ.get(WS3_EXTRA_ENV, "0") == "1"
+
+
+def _extra_why_not(kv: torch.Tensor, extra_kv: torch.Tensor) -> str | None:
+    """Why ws3 cannot read this extra cache (its format must be kv's; the `_C` must have the extra entry point)."""
+    fmt = (kv.dtype, kv.shape[-1])
+    if (extra_kv.dtype, extra_kv.shape[-1]) != fmt or extra_kv.device != kv.device:
+        return f"extra_kv: expected the format of kv ({kv.dtype} [..., {kv.shape[-1]}]), got {extra_kv.dtype} " + (
+            f"{tuple(extra_kv.shape)} on {extra_kv.device}")  # fmt: skip
+    if not ws3_extra_available():
+        return "extra_kv: deepinfer.flash_mla._C has no ws3 extra-cache kernel (sparse_decode_ws3_extra: rebuild)"
+    return None
+
+
+def ws3_why_not(
+    q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None = None, *, allow_extra: bool = False
+) -> str | None:
     """None when `sparse_attn_ws(..., variant="ws3")` takes this call (shapes / dtypes / device only), else why not:
-    `supports`' reasons, an extra cache (ws3 reads one index list), a `_C` without ws3."""
+    `supports`' reasons, a `_C` without ws3, an extra cache unless allow_extra (then: its format, a `_C` without the
+    extra entry point)."""
     why = supports(q, kv)
     if why is not None:
         return why
-    if extra_kv is not None:
-        return "extra_kv: ws3 reads one cache and one index list (no extra cache)"
+    if extra_kv is not None and not allow_extra:
+        return "extra_kv: ws3 takes an extra cache only when asked (kernel='cuda_ws3' or " + WS3_EXTRA_ENV + "=1)"
     if not ws3_available():
         return "deepinfer.flash_mla._C has no ws3 kernel (built before ws3: rebuild)"
-    return None
+    return _extra_why_not(kv, extra_kv) if extra_kv is not None else None
 
 
 def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None = None) -> bool:
     """Whether the API default runs ws3 for this call: at least `WS3_MIN_TOKENS` query tokens (q [t, h, 512]) and
-    `ws3_why_not` is None. Shapes / dtypes only (CUDA-graph safe)."""
-    return q.dim() == 3 and q.shape[0] >= WS3_MIN_TOKENS and ws3_why_not(q, kv, extra_kv) is None
+    `ws3_why_not` is None; an extra cache only with `ws3_extra_enabled()`. Shapes / dtypes only (CUDA-graph safe)."""
+    if q.dim() != 3 or q.shape[0] < WS3_MIN_TOKENS:
+        return False
+    return ws3_why_not(q, kv, extra_kv, allow_extra=extra_kv is not None and ws3_extra_enabled()) is None
 
 
 def split_plan(
@@ -179,6 +223,31 @@ def _check_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: 
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
 
 
+def _check_extra(
+    kv: torch.Tensor, extra_kv: torch.Tensor, extra_indices: torch.Tensor, t: int, variant: str, ablation: str
+) -> None:
+    """The extra cache / index list a ws3 call can take (kv's format, int32 [t, topk2] on kv's device)."""
+    if variant != "ws3" or ablation != "full":
+        raise ValueError(f"extra_kv: only variant 'ws3' with ablation 'full' takes it, got {variant!r} / {ablation!r}")
+    why = _extra_why_not(kv, extra_kv)
+    if why is not None:
+        raise ValueError(f"sparse_attn_ws: {why}")
+    if extra_indices.dtype != torch.int32 or extra_indices.dim() != 2 or extra_indices.shape[0] != t:
+        raise ValueError(
+            f"extra_indices: expected int32 [{t}, topk2], got {extra_indices.dtype} {tuple(extra_indices.shape)}"
+        )
+    if extra_indices.device != kv.device:
+        raise ValueError(f"extra_indices: expected on {kv.device}, got {extra_indices.device}")
+
+
+def _extra_rows(extra_kv: torch.Tensor, extra_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(extra cache as [slots, width] rows the kernel reads, extra_indices with a unit last stride)."""
+    ex_idx = extra_indices
+    if ex_idx.stride(-1) != 1 and ex_idx.shape[1] > 1:
+        ex_idx = ex_idx.contiguous()
+    return _cache_rows(extra_kv)[0], ex_idx
+
+
 def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
     fn = "ws3_block_rows" if variant == "ws3" else "ws_block_rows"
@@ -201,6 +270,8 @@ def sparse_attn_ws(
     num_splits: int | None = None,
     variant: str = "ws",
     ablation: str = "full",
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention on the warp-specialised sm_90a kernel; returns (out [t, h, 512] bf16, lse fp32 [t, h]).
 
@@ -214,6 +285,8 @@ def sparse_attn_ws(
         num_splits: splits per token (None: `split_plan`, the serial kernel's plan).
         variant: "ws", "ws2" or "ws3" (module docstring). ablation: "full" (the kernel) or a timing-only mode of
             `ablations_of(variant)` whose results are wrong.
+        extra_kv, extra_indices: optional second cache (kv's format) and int32 [t, topk2] slots into it, after the
+            main list in the index space (ws3, ablation "full" only; `_C.sparse_decode_ws3_extra`).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
     if variant not in VARIANTS or ablation not in ablations_of(variant):
@@ -224,6 +297,10 @@ def sparse_attn_ws(
         )
     _check_args(q, kv, indices, sink)
     t, h, d = q.shape
+    if (extra_kv is None) != (extra_indices is None):
+        raise ValueError("sparse_attn_ws: extra_kv and extra_indices must be given together")
+    if extra_kv is not None:
+        _check_extra(kv, extra_kv, extra_indices, t, variant, ablation)
     if out is None:
         out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     elif tuple(out.shape) != (t, h, d) or out.dtype != q.dtype:
@@ -243,20 +320,33 @@ def sparse_attn_ws(
     o_ok = out.stride(-1) == 1 and _aligned(out, (out.stride(0), out.stride(1)), 4)
     o_dst = out if o_ok else torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     sink_c = sink.contiguous() if sink is not None else None
-    splits, per = split_plan(t, h, idx.shape[1], device_sms(q.device), num_splits, block_rows(variant))
+    ex = _extra_rows(extra_kv, extra_indices) if extra_kv is not None else None
+    topk2 = ex[1].shape[1] if ex is not None else 0
+    splits, per = split_plan(t, h, idx.shape[1] + topk2, device_sms(q.device), num_splits, block_rows(variant))
     part_o = part_lse = None
     if splits > 1:
         part_o = torch.empty(t * splits * h, d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(t * splits * h, dtype=torch.float32, device=q.device)
-    mod.sparse_decode_ws(
-        q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_c.data_ptr() if sink_c is not None else 0,
-        o_dst.data_ptr(), lse_out.data_ptr(), part_o.data_ptr() if part_o is not None else 0,
-        part_lse.data_ptr() if part_lse is not None else 0,
-        t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
-        idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0), o_dst.stride(0), o_dst.stride(1),
-        lse_out.stride(0), lse_out.stride(1), fp8, VARIANTS[variant], ABLATIONS[ablation],
-        torch.cuda.current_stream(q.device).cuda_stream,
-    )  # fmt: skip
+    sink_p = sink_c.data_ptr() if sink_c is not None else 0
+    po, pl = (part_o.data_ptr(), part_lse.data_ptr()) if part_o is not None and part_lse is not None else (0, 0)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    if ex is not None:
+        ex_f, ex_idx = ex
+        mod.sparse_decode_ws3_extra(
+            q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), ex_f.data_ptr(), ex_idx.data_ptr(), sink_p,
+            o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
+            t, h, idx.shape[1], topk2, splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0], ex_f.shape[0],
+            idx.stride(0), ex_idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0),
+            ex_f.stride(0) * ex_f.element_size(), o_dst.stride(0), o_dst.stride(1),
+            lse_out.stride(0), lse_out.stride(1), fp8, stream,
+        )  # fmt: skip
+    else:
+        mod.sparse_decode_ws(
+            q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
+            t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
+            idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0), o_dst.stride(0), o_dst.stride(1),
+            lse_out.stride(0), lse_out.stride(1), fp8, VARIANTS[variant], ABLATIONS[ablation], stream,
+        )  # fmt: skip
     if part_o is not None and part_lse is not None:
         combine_splits(part_o, part_lse, sink_c, o_dst, lse_out, splits, bf16_rne=False)
     if o_dst is not out:
@@ -309,6 +399,52 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
     return "; ".join(fails)
 
 
+def self_check_extra(seed: int = 0, device: str = "cuda") -> str:
+    """ws3 with the extra cache (`sparse_attn_ws(..., variant="ws3", extra_kv=, extra_indices=)`) on small engine-like
+    cases against the reference: BF16 / FP8 caches, 512 + 128 indices (the main list's first 128 all holes: two
+    all-hole tiles, as a fresh prompt) and 600 + 100 (a tile straddling both lists), auto and forced splits (1, 3),
+    holes and out-of-range indices in both lists, a token without any valid index, NaN in unused slots of both caches,
+    NaN-poisoned outputs. Returns "" when all agree within a loose bound, else what went wrong. For a child process
+    (`probe_extra`); device "cpu": only to test this function with a stand-in kernel."""
+    from ... import reference
+    from ...kv_format import pack_fp8_kv_ref
+
+    g = torch.Generator().manual_seed(seed)
+    t, n, n2 = 4, 2048, 160
+    q = torch.randn(t, BLOCK_H, HEAD_DIM, generator=g).bfloat16().to(device)
+    cache, cache2 = torch.randn(n, HEAD_DIM, generator=g).bfloat16(), torch.randn(n2, HEAD_DIM, generator=g).bfloat16()
+    sink = torch.randn(BLOCK_H, generator=g).to(device)
+    fails = []
+    for k1, k2 in ((640, 128), (600, 100)):
+        idx = torch.rand(t, n - 64, generator=g).topk(k1, dim=-1).indices.to(torch.int32)
+        idx2 = torch.rand(t, n2 - 8, generator=g).topk(k2, dim=-1).indices.to(torch.int32)
+        if k1 == 640:
+            idx[:, :128] = -1  # two all-hole tiles in every token (a fresh prompt's empty ring)
+        idx[torch.rand(t, k1, generator=g) < 0.05] = -1
+        idx2[torch.rand(t, k2, generator=g) < 0.3] = -1
+        idx2[2, : k2 // 2] = n2 + 3  # out of range: holes too
+        idx[1], idx2[1] = -1, -1
+        for fp8 in (False, True):
+            kv, kv2 = (pack_fp8_kv_ref(c) if fp8 else c.clone() for c in (cache, cache2))
+            for c, i in ((kv, idx), (kv2, idx2)):  # NaN data (and NaN scales) wherever no index points
+                used = torch.zeros(c.shape[0], dtype=torch.bool)
+                used[i[(i >= 0) & (i < c.shape[0])].long()] = True
+                c[~used] = 0xFF if fp8 else float("nan")
+            kv, kv2, ic, ic2 = kv.to(device), kv2.to(device), idx.to(device), idx2.to(device)
+            ro, rl = reference.sparse_attn(q, kv, ic, sink, HEAD_DIM**-0.5, kv2, ic2)
+            for splits in (None, 1, 3):
+                out = torch.full_like(q, float("nan"))
+                lse = torch.full((t, BLOCK_H), float("nan"), device=device)
+                sparse_attn_ws(q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits,
+                               variant="ws3", extra_kv=kv2, extra_indices=ic2)  # fmt: skip
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                why = mismatch(out, lse, ro, rl)
+                if why is not None:
+                    fails.append(f"k={k1}+{k2} fp8={fp8} splits={splits}: {why}")
+    return "; ".join(fails)
+
+
 def run_ablations(seed: int = 0, device: str = "cuda") -> str:
     """Every timing-only ablation of every variant once (BF16 / FP8 cache, 4 tokens x 640 indices with holes, auto
     plan (split) and one split), synchronised: "" when all finish, else the first error. Numbers are not checked
@@ -349,6 +485,11 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     return _probe_cached(float(timeout_s), variant)
 
 
+def probe_extra(timeout_s: float = 120.0) -> tuple[bool, str]:
+    """`self_check_extra` (ws3 with the extra cache) in a child process: (passed, its output); cached."""
+    return _probe_cached(float(timeout_s), "ws3_extra")
+
+
 @functools.cache
 def _probe_cached(timeout_s: float, variant: str) -> tuple[bool, str]:
     return run_probe(__name__, [variant], timeout_s, f"the warp-specialised kernel ({variant})")
@@ -356,8 +497,9 @@ def _probe_cached(timeout_s: float, variant: str) -> tuple[bool, str]:
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "ws"
+    checks = {"ablations": run_ablations, "ws3_extra": self_check_extra}
     probe_main(
-        available(),
-        "no CUDA device or no _C.sparse_decode_ws",
-        lambda: run_ablations() if arg == "ablations" else self_check(variant=arg),
+        available() and (arg != "ws3_extra" or ws3_extra_available()),
+        "no CUDA device or no _C.sparse_decode_ws (ws3_extra: no _C.sparse_decode_ws3_extra)",
+        checks.get(arg, lambda: self_check(variant=arg)),
     )

@@ -426,7 +426,8 @@ def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
 # shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2). As a default it
 # means: ws3 (`cuda_ws_decode.ws3_default_for`: >= WS3_MIN_TOKENS tokens, no extra cache; faster there in session 5),
 # else the serial kernel, else "fused" for a call neither takes (no _C, q not bf16, d != 512, mixed cache formats).
-# "cuda_ws3" as a default: ws3 wherever it takes the call (any token count), else the same fallbacks.
+# "cuda_ws3" as a default: ws3 wherever it takes the call (any token count), else the same fallbacks. Extra-cache
+# calls go to ws3 only when the call names kernel="cuda_ws3" or DEEPINFER_FLASH_MLA_WS3_EXTRA=1 (cuda_ws_decode).
 DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
 
 
@@ -445,8 +446,9 @@ def compiled_kernel_for(
     from . import cuda_ws_decode as ws
 
     tuned_why = "config / dot_fp32 do not apply" if tuned else None
-    if name == "cuda_ws3":
-        why = ws.ws3_why_not(q, kv, extra_kv) or tuned_why
+    if name == "cuda_ws3":  # an extra cache: when named by the call, or with DEEPINFER_FLASH_MLA_WS3_EXTRA=1
+        allow_extra = kernel is not None or ws.ws3_extra_enabled()
+        why = ws.ws3_why_not(q, kv, extra_kv, allow_extra=allow_extra) or tuned_why
         if why is None or kernel is not None:
             return ("cuda_ws3" if why is None else None), why
     elif kernel is None and tuned_why is None and ws.ws3_default_for(q, kv, extra_kv):
@@ -547,9 +549,11 @@ def sparse_attn_split_triton(
             d = 512 only) or "deferred" (`triton_split_deferred.py`: P @ V one tile behind, scores not duplicated
             across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled serial sm_90a wgmma kernel; bf16
             q, d = 512, both caches of one format; raises otherwise) or "cuda_ws3" (`cuda_ws_decode.py`, variant
-            ws3: the warp-specialised kernel; bf16 q, h % 64 == 0, d = 512, no extra cache; raises otherwise).
-            None on CUDA: ws3 for >= `cuda_ws_decode.WS3_MIN_TOKENS` tokens without an extra cache, else the
-            serial kernel (`compiled_kernel_for`). Same results up to rounding.
+            ws3: the warp-specialised kernel; bf16 q, h % 64 == 0, d = 512, an extra cache of kv's format too
+            (session 5 round 4, not yet GPU-run); raises otherwise). None on CUDA: ws3 for >=
+            `cuda_ws_decode.WS3_MIN_TOKENS` tokens without an extra cache (with one too when
+            DEEPINFER_FLASH_MLA_WS3_EXTRA=1), else the serial kernel (`compiled_kernel_for`). Same results up to
+            rounding.
         cuda_plan, cuda_merge, cuda_prefetch: the serial CUDA kernel's split plan / partial merge / L2 prefetch
             (`cuda_sparse_decode.PLANS` / `MERGES`, `sparse_attn_cuda(prefetch=)`; None: its DEFAULT_OPTIONS);
             ignored when another kernel runs (ws3: the serial kernel's default split plan, Triton combine).
@@ -567,8 +571,9 @@ def sparse_attn_split_triton(
     if compiled == "cuda_ws3":
         from . import cuda_ws_decode as ws
 
+        ex = dict(extra_kv=extra_kv, extra_indices=extra_indices) if extra_kv is not None else {}
         return ws.sparse_attn_ws(
-            q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits, variant="ws3"
+            q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits, variant="ws3", **ex
         )
     if compiled == "cuda":
         from . import cuda_sparse_decode as cu

@@ -17,6 +17,8 @@ move a value by one bf16 ulp before the quantiser. No host sync (CUDA-graph safe
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,9 +35,17 @@ KV_TARGET_PROGRAMS = 512
 # 36.7 for 8 / 8, bit-identical; the 16 MB op is launch / tail bound, and small programs spread it over the SMs
 # in finer steps). Session 5's 14:30 run (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json): more
 # tokens per 1-warp program were faster from 4,096 tokens up (bt4_w1 1.08x at 16,384, bt2_w1 1.04x at 4,096; 0.67-
-# 0.93x at 1 / 64), but those tilings may sum the RMSNorm squares in another order and are tested within one ulp,
-# not bit for bit, against this default, so no size rule was made from them (see the README)
+# 0.93x at 1 / 64); they were tested within one ulp of this default, not bit for bit, so no size rule was switched
+# on (round 4 below: with one warp per row they keep this default's sum order)
 KV_TILE_ELEMS = 512
+# Prepared in session 5 round 4, OFF by default (not yet GPU-run): one warp per token row, more rows per program from
+# 4,096 tokens up ((min tokens, tokens per 1-warp program), largest first). With one warp and one BLOCK_D = 512 row
+# per warp, Triton gives the [BT, 512] tile the default [1, 512] tile's layout along the row (8 contiguous columns
+# per lane, 32 lanes, 1 warp: tests/tk_kv_layout.py checks the sm_90 TTGIR), and its reduce lowers each row from
+# that row's own registers and lanes, so every row's RMSNorm sum is added in the default's order: the same bits
+# (GPU test: test_kv_rows_exact.py). On with DEEPINFER_TK_KV_ROWS=1 or row_rule=True; the lead switches it.
+KV_ROWS_RULE: tuple[tuple[int, int], ...] = ((16384, 4), (4096, 2))
+KV_ROWS_RULE_ON = os.environ.get("DEEPINFER_TK_KV_ROWS", "0") == "1"
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
@@ -349,6 +359,14 @@ def _kv_block_t(t: int, bd: int) -> int:
     return bt
 
 
+def _kv_rows_block_t(t: int, bd: int) -> int | None:
+    """Tokens per 1-warp program under KV_ROWS_RULE, or None (the default tiling): only for one-warp rows (bd ==
+    KV_TILE_ELEMS: the default's own tile is one row of one warp, so its sum order is kept)."""
+    if bd != KV_TILE_ELEMS:
+        return None
+    return next((bt for min_t, bt in KV_ROWS_RULE if t >= min_t), None)
+
+
 def kv_norm_rope_quant_triton(
     kv: torch.Tensor,
     weight: torch.Tensor,
@@ -363,6 +381,7 @@ def kv_norm_rope_quant_triton(
     block_t: int | None = None,
     num_warps: int | None = None,
     early_cos_sin: bool = False,
+    row_rule: bool | None = None,
 ) -> torch.Tensor:
     """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
 
@@ -371,7 +390,9 @@ def kv_norm_rope_quant_triton(
     or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
     None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
     block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
-    early_cos_sin: the kernel's EARLY_CS (a benchmark config).
+    early_cos_sin: the kernel's EARLY_CS (a benchmark config). row_rule (None: KV_ROWS_RULE_ON, off unless
+    DEEPINFER_TK_KV_ROWS=1): without block_t / num_warps, KV_ROWS_RULE's tokens per 1-warp program (the default's
+    bits, prepared in session 5, not yet GPU-run).
     """
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
@@ -396,6 +417,11 @@ def kv_norm_rope_quant_triton(
     bd = max(16, triton.next_power_of_2(d))
     qb = quant_block if quant else 2
     bt = block_t or _kv_block_t(t, bd)
+    nw = num_warps or max(1, min(8, bt * bd // 512))
+    use_rule = KV_ROWS_RULE_ON if row_rule is None else bool(row_rule)
+    rule_bt = _kv_rows_block_t(t, bd) if use_rule and block_t is None and num_warps is None else None
+    if rule_bt:
+        bt, nw = rule_bt, 1  # one warp per row: the default's layout along each row
     args = (
         kv, weight, cos, sin, out, rows if rows is not None else out,
         t, d, kv.stride(0), kv.stride(1), weight.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
@@ -403,6 +429,6 @@ def kv_norm_rope_quant_triton(
     )  # fmt: skip
     kw = {"HAS_ROWS": rows is not None, "NOPE": nope, "QUANT": quant, "QB": qb, "BLOCK_T": bt, "BLOCK_D": bd}
     kw.update(IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, enable_fp_fusion=False)
-    kw["num_warps"] = num_warps or max(1, min(8, bt * bd // 512))
+    kw["num_warps"] = nw
     _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), **kw)
     return out

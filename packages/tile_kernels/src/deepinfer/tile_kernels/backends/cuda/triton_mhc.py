@@ -53,6 +53,10 @@ DOT_PRECISION = "auto"
 # two launches (this module) | one launch (triton_mhc_fused.py; 0.09-0.68x of the two launches on the H200)
 IMPLS = ("split", "fused")
 DEFAULT_IMPL = "split"
+# impl="split" configs (prepared in session 5, not yet GPU-run): "default"; "finish_rev": the finish launch takes the
+# token blocks last-first, so that its first programs re-read the x the mix launch read last (up to the L2's ~50 MB
+# of the 537 MB x at 16,384 V4 tokens: at most ~4 % of the ~1.22 GB the two launches move; see the README)
+SPLIT_CONFIGS = ("default", "finish_rev")
 
 
 @triton.jit
@@ -177,13 +181,18 @@ def _mhc_finish_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HEAD: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     """part [S, T, 2*HC*HC], sq [S, T], x [T, HC, D] -> xin [T, D] (x dtype), post [T, HC], comb [T, HC, HC].
 
-    HEAD: only xin (the head's output); post_ptr / comb_ptr are not touched.
+    HEAD: only xin (the head's output); post_ptr / comb_ptr are not touched. REVERSE (config "finish_rev"): the
+    token blocks in descending order, so the first programs take the blocks the mix launch read last, whose x may
+    still be in L2 (each program's work is unchanged: the same bits).
     """
     NP: tl.constexpr = 2 * HC * HC
     pid_t = tl.program_id(0)
+    if REVERSE:
+        pid_t = tl.num_programs(0) - 1 - pid_t
     pid_s = tl.program_id(1)
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < T
@@ -321,10 +330,11 @@ def _launch_finish(
     hc_eps: float,
     sinkhorn_iters: int,
     head: bool = False,
+    reverse: bool = False,
 ) -> None:
     """Run the finish kernel: partials + x [t, hc, d] -> out = (x_in [t, d], post [t, hc], comb [t, hc, hc]).
 
-    head: only x_in is written (post and comb may be any tensors, e.g. x_in again).
+    head: only x_in is written (post and comb may be any tensors, e.g. x_in again). reverse: the kernel's REVERSE.
     """
     t, hc, d = x.shape
     bd = min(FIN_BLOCK_D, triton.next_power_of_2(d))
@@ -352,6 +362,7 @@ def _launch_finish(
         BLOCK_D=bd,
         BLOCK_S=FIN_BLOCK_S,
         HEAD=head,
+        REVERSE=reverse,
         num_warps=FIN_NUM_WARPS,
     )
 
@@ -365,11 +376,14 @@ def _check_out(name: str, o: torch.Tensor, shape: tuple[int, ...], dtype: torch.
         )
 
 
-def _check_impl(impl: str | None) -> str:
-    """impl, or DEFAULT_IMPL for None; raise unless it is one of IMPLS."""
+def _check_impl(impl: str | None, config: str = "default") -> str:
+    """impl, or DEFAULT_IMPL for None; raise unless it is one of IMPLS (and, for "split", config one of
+    SPLIT_CONFIGS; "fused" checks its own configs)."""
     impl = DEFAULT_IMPL if impl is None else impl
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} or None, got {impl!r}")
+    if impl == "split" and config not in SPLIT_CONFIGS:
+        raise ValueError(f"impl='split' takes config one of {SPLIT_CONFIGS}, got {config!r}")
     return impl
 
 
@@ -401,11 +415,11 @@ def mhc_pre_triton(
     scale: [3]; base: [(2+hc)*hc]. hc must be a power of two >= 4 (V4: 4).
     Returns x_in [t, d] (x.dtype, contiguous), post [t, hc] fp32, comb [t, hc, hc] fp32; written into `out`
     (contiguous tensors of exactly those shapes and dtypes) when it is given, else freshly allocated.
-    impl: "split" (two launches) or "fused" (one launch, `triton_mhc_fused.py`, with its named `config`);
-    None: DEFAULT_IMPL.
+    impl: "split" (two launches; `config` one of SPLIT_CONFIGS) or "fused" (one launch, `triton_mhc_fused.py`, with
+    its named `config`); None: DEFAULT_IMPL.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
-    impl = _check_impl(impl)
+    impl = _check_impl(impl, config)
     t, hc, d = _check_x(x)
     if tuple(fn.shape) != ((2 + hc) * hc, hc * d):
         raise ValueError(f"fn must have shape {((2 + hc) * hc, hc * d)}, got {tuple(fn.shape)}")
@@ -430,7 +444,8 @@ def mhc_pre_triton(
         mhc_fused_triton(x, fn, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, False, config)
         return x_in, post, comb
     part, sq = _launch_mix(x, fn)
-    _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
+    rev = config == "finish_rev"
+    _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, reverse=rev)
     return x_in, post, comb
 
 
@@ -451,7 +466,7 @@ def mhc_head_triton(
     base: [hc]. hc must be a power of two >= 4 (V4: 4). Returns [t, d] in x.dtype, contiguous.
     Shape checks only; no host sync, so it can be captured in a CUDA graph.
     """
-    impl = _check_impl(impl)
+    impl = _check_impl(impl, config)
     t, hc, d = _check_x(x)
     if tuple(fn.shape) != (hc, hc * d):
         raise ValueError(f"fn must have shape {(hc, hc * d)}, got {tuple(fn.shape)}")
@@ -467,5 +482,6 @@ def mhc_head_triton(
         mhc_fused_triton(x, fn, scale, base, (out, out, out), rms_eps, hc_eps, 1, True, config)
         return out
     part, sq = _launch_mix(x, fn, head=True)
-    _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True)
+    rev = config == "finish_rev"
+    _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True, reverse=rev)
     return out
