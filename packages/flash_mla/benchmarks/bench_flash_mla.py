@@ -29,7 +29,10 @@ small-batch plans `cuda[_fp8]_<plan>_<merge>` (plan default / fine / auto, merge
 plain `cuda` = the API's DEFAULT_OPTIONS) and `cuda_prefetch` (prefill: L2 prefetch of the token one wave ahead), the
 warp-specialised kernel `cuda_ws3[_fp8]` (cuda_ws_decode.py variant ws3 = fm_ws3_decode.cu, 64-row tiles;
 kernel="cuda_ws3"; with `--all-variants` also the settled session-4 variants `cuda_ws[_fp8]` / `cuda_ws2[_fp8]`; `_s<n>`
-forced splits, ws3's own `cuda_ws3[_fp8]_s2` / `_s3` at b = 64 / 128 x s_q = 2 and b = 32 x s_q = 4; at
+forced splits, ws3's own `cuda_ws3[_fp8]_s2` / `_s3` at b = 64 / 128 x s_q = 2 and b = 32 x s_q = 4; the
+persistent ws3 `cuda_ws3p[_fp8]` (variant ws3p: min(#SMs, work items) CTAs looping over (token, split) items; session 5
+round 5, not yet GPU-run) at every case where `cuda_ws3` runs, decode_wave included, its `x_vs_cuda_ws3_same_cache` =
+the persistent grid's gain; at
 b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
 modes producer / consumer (all variants) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by
 design: where the time goes), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32
@@ -246,7 +249,7 @@ def _ws3_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
 # ws3's one-CTA-per-SM grid (1 split), against b = 64 / 128 x s_q = 2 (128 / 256 tokens: 4 / 8 SMs idle in the last
 # wave). Same time for 3 % more tokens = the wave quantisation the README's "Not yet GPU-run (round 2)" note asks about.
 # Only these rows run there (no Triton / legacy / tuning rows: < 1 s per case).
-_WAVE_ROWS = ("cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "reference")
+_WAVE_ROWS = ("cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3p", "cuda_ws3p_fp8", "reference")
 
 _PROBE: dict[str, str | None] = {}
 
@@ -385,7 +388,8 @@ def run_case(
         # ws3 always; ws / ws2 (settled in sessions 4-5: slower than ws3 at every shape) only with --all-variants.
         # The ablation rows (where the time goes): every variant run at b = 128 s_q = 2; at prefill t = 4,096 only
         # ws3 (ws / ws2's prefill ablations were measured in session 4)
-        ws_vars = ("ws", "ws2", "ws3") if cfg.get("all_variants") else ("ws3",)
+        # ws3p (persistent ws3, session 5 round 5, not yet GPU-run): next to ws3 at every case where ws3 runs
+        ws_vars = ("ws", "ws2", "ws3", "ws3p") if cfg.get("all_variants") else ("ws3", "ws3p")
         abl = {("decode", 128, 2): ws_vars, ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
         impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl, ws_vars, _ws3_splits(op, b, s_q)))
     if op == "decode_wave":
@@ -424,7 +428,8 @@ def run_case(
 # the ws3 producer-only ablations too: with every row in L2, does the FP8 producer (88.8 us at b = 128 s_q = 2 in
 # session 5, BF16 66.8) get faster (latency-bound: prefetch further) or not (bound by its own instructions)?
 _L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8",
-          "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3_abl_producer", "cuda_ws3_abl_producer_fp8")  # fmt: skip
+          "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3_abl_producer", "cuda_ws3_abl_producer_fp8",
+          "cuda_ws3p", "cuda_ws3p_fp8")  # fmt: skip
 
 
 def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
@@ -591,13 +596,16 @@ def _ratio(rows: dict, num: str, den: str) -> str:
 def summary(path: str) -> str:
     """README key-shape table of a saved result: per case (decode, HCA, engine, prefill) the serial kernel (`cuda`)
     against ws3 (`cuda_ws3`) on both caches, time in us (TFLOPS; HCA: GB/s), "ws3 x" = cuda time / ws3 time, the API
-    default (`api` rows with the kernel it ran, when the run has them) and FlashMLA's published H200 numbers."""
+    default (`api` rows with the kernel it ran, when the run has them), the persistent ws3 (`cuda_ws3p[_fp8]`, "ws3p x"
+    = ws3 time / ws3p time, when the run has them) and FlashMLA's published H200 numbers."""
     by: dict[tuple[str, str], dict[str, dict]] = {}
     for r in json.loads(pathlib.Path(path).read_text())["records"]:
         by.setdefault((r["op"], r["shape"]), {})[r["impl"]] = r
     has_api = any("api" in rows for rows in by.values())
     head = ["op", "shape", "`cuda` BF16", "`cuda_ws3` BF16", "ws3 x", "`cuda_fp8`", "`cuda_ws3_fp8`", "ws3 x FP8"]
     head += ["`api` BF16 (kernel)", "`api_fp8` (kernel)"] if has_api else []
+    has_p = any("cuda_ws3p" in rows or "cuda_ws3p_fp8" in rows for rows in by.values())
+    head += ["`cuda_ws3p` BF16", "ws3p x", "`cuda_ws3p_fp8`", "ws3p x FP8"] if has_p else []
     lines = ["| " + " | ".join([*head, "FlashMLA H200 TFLOPS (us)"]) + " |", "|" + "---|" * (len(head) + 1)]
     rank = {"decode": 0, "decode_wave": 1, "decode_hca1m": 2, "engine_decode": 3, "engine_prefill": 4, "prefill": 5}
 
@@ -617,6 +625,9 @@ def summary(path: str) -> str:
             for n in ("api", "api_fp8"):
                 r = rows.get(n)
                 cells.append(_cell(r, hca) + (f" {r['api_kernel']}" if r and "api_kernel" in r else ""))
+        if has_p:
+            cells += [_cell(rows.get("cuda_ws3p"), hca), _ratio(rows, "cuda_ws3", "cuda_ws3p")]
+            cells += [_cell(rows.get("cuda_ws3p_fp8"), hca), _ratio(rows, "cuda_ws3_fp8", "cuda_ws3p_fp8")]
         fm = next((r for r in rows.values() if r.get("flashmla_h200_tflops")), None)
         us = fm.get("flashmla_h200_us") if fm else None
         cells.append(f"{fm['flashmla_h200_tflops']:.0f}" + (f" ({us})" if us else "") if fm else "")

@@ -71,17 +71,18 @@ def test_ws_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_ws3_source_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
-    """ws3's 8 instances (BF16 / FP8 cache x the kernel + 2 timing ablations, + the kernel with the extra cache,
-    EXTRA) assemble for sm_90a: no stack, no spills (the producer's 88-register setmaxnreg region holds an FP8 batch of
-    48 registers across the stage wait), exactly 168 registers at 384 threads, and ptxas neither serialises the wgmma
-    pipeline nor ignores setmaxnreg."""
+    """ws3's 10 instances (BF16 / FP8 cache x the kernel + 2 timing ablations, + the kernel with the extra cache,
+    EXTRA, + the persistent ws3p kernel) assemble for sm_90a: no stack, no spills (the producer's 88-register
+    setmaxnreg region holds an FP8 batch of 48 registers across the stage wait), exactly 168 registers at 384
+    threads, and ptxas neither serialises the wgmma pipeline nor ignores setmaxnreg."""
     out, props, regs = mc.nvcc_sm90a(_SRC / "fm_ws3_decode.cu", tmp_path / "ws3.o")
-    assert len(props) == 8 and len(regs) == 8, out[-2000:]
+    assert len(props) == 10 and len(regs) == 10, out[-2000:]
     assert out.count("ELb1EEEv") == 4, "expected the 2 EXTRA instances (each named twice in the ptxas log)"
+    assert out.count("ws3p_decode_kernel") == 4, "expected the 2 ws3p instances (each named twice in the ptxas log)"
     assert all(p == ("0", "0", "0") for p in props), props
     # exactly 168: the .cu's static_assert (128 x 88 + 256 x 208 = 384 x 168) assumes the launch allocates 168, and
     # setmaxnreg.inc would wait forever for registers that .dec never freed if ptxas allocated fewer
-    assert regs == [168] * 8, regs
+    assert regs == [168] * 10, regs
     assert "serialized" not in out, "ptxas serialised the wgmma instructions"
     assert "C7508" not in out, "ptxas ignored setmaxnreg"
 
@@ -141,7 +142,8 @@ def test_ws3_bench_split_rows_and_wave_cases() -> None:
     dec, _ = bench._cases(False)
     waves = [(b * s_q) / 132 for op, b, s_q, *_ in dec if op == "decode_wave"]
     assert waves == [1.0, 2.0], waves
-    assert set(bench._WAVE_ROWS) <= {"cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "reference"}
+    assert set(bench._WAVE_ROWS) <= {"cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3p", "cuda_ws3p_fp8",
+                                     "reference"}  # fmt: skip
 
 
 def _bench_module() -> types.ModuleType:
@@ -177,7 +179,14 @@ def test_ws_variant_and_ablation_names_checked() -> None:
         _WS.sparse_attn_ws(q, kv, idx, None, SCALE, ablation="qk")
     with pytest.raises(ValueError, match="'no_xchg'"):  # ws3 has the producer / consumer ablations only
         _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3", ablation="no_xchg")
-    assert _WS.VARIANTS == {"ws": 1, "ws2": 2, "ws3": 3}
+    assert _WS.VARIANTS == {"ws": 1, "ws2": 2, "ws3": 3, "ws3p": 4}
+    assert _WS.ablations_of("ws3p") == ("full",) and _WS.block_rows("ws3p") == 64
+    with pytest.raises(ValueError, match="'producer'"):  # ws3p: the kernel only
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3p", ablation="producer")
+    with pytest.raises(ValueError, match="max_ctas"):  # the grid cap is ws3p's
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3", max_ctas=4)
+    with pytest.raises(ValueError, match="max_ctas"):
+        _WS.sparse_attn_ws(q, kv, idx, None, SCALE, variant="ws3p", max_ctas=0)
     assert sorted(_WS.ABLATIONS.values()) == list(range(7)) and _WS.ABLATIONS["full"] == 0
     assert _WS.ablations_of("ws3") == ("full", "producer", "consumer")
     assert _WS.ablations_of("ws2") == tuple(_WS.ABLATIONS)

@@ -48,7 +48,10 @@
 //   whose 64 ids are all holes is skipped whole by the consumers (exact, as in the serial kernel: the engine's fresh
 //   prompts have two such tiles): the producer publishes a per-stage "any valid" flag (one ballot per row warp) next to
 //   the row ids, and the consumers hand the stage straight back. EXTRA = false compiles to the single-cache kernel.
-// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (8 instances: + 2 EXTRA).
+// Persistent variant ws3p (session 5 round 5, not yet GPU-run): ws3p_decode_kernel near the end of the file, the same
+//   per-tile code in a grid of min(#SMs, work items) CTAs looping over (token, split, head block) items.
+// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (10 instances: + 2 EXTRA,
+// + 2 ws3p).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -698,6 +701,260 @@ static int launch_mode(const LaunchArgs& a, int mode, cudaStream_t s) {
   }
 }
 
+// ------------------------------------------------------------------------------------------------ ws3p (persistent)
+// ws3p (session 5 round 5, not yet GPU-run): the same per-tile work as ws3 (kFull, single cache, both formats) in a
+// persistent grid of min(#SMs or max_ctas, work items) CTAs. Work item w = (token, split, head block), numbered as
+// ws3's blockIdx.x; CTA b takes items b, b + G, b + 2 G, ... (static stride: every item costs the same tiles but the
+// last split's, so a dynamic counter would balance nothing and would need a zeroed global counter per launch, i.e.
+// a memset or a self-resetting protocol, and a broadcast through shared memory per item).
+// What persistence buys (one CTA per SM: 211 KiB shared memory, 384 threads): barrier init once per CTA; the
+// producer's ring runs straight on from one item into the next (a single tile counter g across items for stages and
+// parities), so the next item's first two tiles land while the consumers finish the current item and store its
+// output; and the next item's Q [64, 512] bf16 is loaded into the Q buffer as soon as the last tile's scores are done
+// (after the P barrier of the last tile, which both warpgroups reach only after their last Q read), so its load
+// overlaps the last P V and the output store. A second Q buffer does not fit: Q 64 + ring 2 x 64 + P 16 KiB + 1 KiB
+// tables = 209 KiB, + 64 KiB = 273 KiB > 227 KiB. Ablation modes and the extra cache are ws3's only.
+
+// The split-KV coordinates of work item w (ws3's blockIdx.x decomposition) and its tile range [lo, lo + n).
+struct Item {
+  int64_t tok;
+  int hb, split, lo, n;
+};
+__device__ __forceinline__ Item item_of(int64_t w, const Params& p, int n_tiles) {
+  const int num_hb = p.H / kH;
+  Item it;
+  it.hb = (int)(w % num_hb);
+  it.split = (int)((w / num_hb) % p.num_splits);
+  it.tok = w / ((int64_t)num_hb * p.num_splits);
+  it.lo = it.split * p.tiles_per_split;
+  it.n = max(min(it.lo + p.tiles_per_split, n_tiles) - it.lo, 0);
+  return it;
+}
+
+// The producer's position in the CTA's tile stream: tile j of item w (valid: w < items). Items without tiles are
+// skipped (the consumers still run their epilogue; only topk = 0 has them).
+struct Cursor {
+  int64_t w, tok;
+  int j, lo, n;
+};
+__device__ __forceinline__ void cursor_settle(Cursor& c, const Params& p, int n_tiles, int64_t items) {
+  while (c.w < items && c.j >= c.n) {
+    c.w += gridDim.x;
+    c.j = 0;
+    if (c.w < items) {
+      const Item it = item_of(c.w, p, n_tiles);
+      c.tok = it.tok, c.lo = it.lo, c.n = it.n;
+    }
+  }
+}
+__device__ __forceinline__ Cursor cursor_first(const Params& p, int n_tiles, int64_t items) {
+  Cursor c{(int64_t)blockIdx.x, 0, 0, 0, 0};
+  const Item it = item_of(c.w, p, n_tiles);
+  c.tok = it.tok, c.lo = it.lo, c.n = it.n;
+  cursor_settle(c, p, n_tiles, items);
+  return c;
+}
+__device__ __forceinline__ void cursor_next(Cursor& c, const Params& p, int n_tiles, int64_t items) {
+  ++c.j;
+  cursor_settle(c, p, n_tiles, items);
+}
+// Row id of thread t's entry of the cursor's tile (-1: hole or past the stream).
+__device__ __forceinline__ int cursor_row(const Cursor& c, const int* idx, const Params& p, int64_t items, int t) {
+  if (c.w >= items) return -1;
+  return load_row_id(idx + c.tok * p.stride_it, (c.lo + c.j) * kBN + t, p.topk, p.n_rows);
+}
+
+// ws3's producer (kFull, single cache) over the CTA's whole tile stream: tile g of the stream into stage g % kStages;
+// the row ids of tile g + 1 (which may be the next item's first tile) are loaded one tile ahead and its rows
+// prefetched into L2, as ws3 does inside one item.
+template <bool FP8>
+__device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base, const int* idx, const Params& p,
+                                           int64_t items, int t, uint32_t bar_full, uint32_t bar_empty) {
+  int* s_rows = reinterpret_cast<int*>(smem + Smem::rows);
+  int* prow = reinterpret_cast<int*>(smem + Smem::prow);
+  const Src<false> kv{kv_base, FP8 ? kFp8Row : p.stride_kv * 2, nullptr, 0, 0};
+  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  Cursor a = cursor_first(p, n_tiles, items);  // tile g
+  Cursor b = a;                                // tile g + 1
+  cursor_next(b, p, n_tiles, items);
+  int cur = t < kBN ? cursor_row(a, idx, p, items, t) : -1;
+  int nxt = t < kBN ? cursor_row(b, idx, p, items, t) : -1;
+  for (uint32_t g = 0; a.w < items; ++g) {
+    const int s = g % kStages;
+    const bool wait = g >= kStages;
+    const uint32_t parity = ((g / kStages) - 1) & 1;  // the release of tile g - kStages
+    if (t < kBN) prow[(g & 1) * kBN + t] = cur;
+    named_bar(kBarProducer, Cfg<FP8>::kProducers);  // row ids of tile g visible to every producer thread
+    const int* rows = prow + (g & 1) * kBN;
+    uint8_t* stage = smem + Smem::ring + s * kStageBytes;
+    if constexpr (FP8) {
+      fp8_tile(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+      fence_async_smem();
+      mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {
+        const uint8_t* row = kv.at(nxt);
+#pragma unroll
+        for (int i = 0; i < 6; ++i) prefetch_l2(row + (i < 5 ? 128 * i : 583));
+      }
+    } else {
+      if (wait) mbar_wait(bar_empty + 8 * s, parity);
+      if (t < kBN) s_rows[s * kBN + t] = cur;
+      issue_bf16_tile(stage, rows, kv, t);
+      cp_async_mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {
+        const uint8_t* row = kv.at(nxt);
+#pragma unroll
+        for (int i = 0; i < 9; ++i) prefetch_l2(row + (i < 8 ? 128 * i : 1023));
+      }
+    }
+    a = b;
+    cursor_next(b, p, n_tiles, items);
+    cur = nxt;
+    nxt = t < kBN ? cursor_row(b, idx, p, items, t) : -1;
+  }
+  if constexpr (!FP8) cp_wait_all();  // no thread exits with copies in flight
+}
+
+// Q [64 heads, 512] of (tok, head block hb) -> the swizzled Q buffer by the 256 consumer threads (cp.async, committed;
+// the caller waits).
+__device__ __forceinline__ void issue_q(const __nv_bfloat16* q, const Params& p, int64_t tok, int hb, uint32_t q_base,
+                                        int tid) {
+  const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
+  const int c = tid & 63;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int r = (tid >> 6) + 4 * i;
+    cp_async16(q_base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
+  }
+  cp_commit();
+}
+
+// softmax_pv with the next item's Q load issued after the P barrier when q_next (the last tile of an item followed by
+// another): both warpgroups have then finished this tile's scores, the last read of the Q buffer.
+__device__ __forceinline__ void softmax_pv_q(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, uint32_t g,
+                                             uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
+                                             float qk_scale, bool q_next, const __nv_bfloat16* q, const Params& p,
+                                             int64_t tok_n, int hb_n, int tid) {
+  const int st = g % kStages;
+  const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
+  float* red = reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128;
+  uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
+  float alpha[2];
+  softmax_tile(s, alpha, m_run, l_run, s_rows, red, p_tile, wg, r0, lane, qk_scale);
+  rescale_o(acc, alpha);
+  fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
+  named_bar(kBarConsumers, kConsumers);  // both halves of P_g written; both warpgroups' scores of tile g done
+  if (q_next) issue_q(q, p, tok_n, hb_n, smem_u32(smem + Smem::q), tid);
+  reg_fence<128>(acc);
+  wg_arrive();
+  issue_pv(acc, smem_u32(p_tile), kv_base, wg);
+  wg_commit();
+  wg_wait<0>();
+  reg_fence<128>(acc);
+  mbar_arrive(bar_empty + 8 * st);
+}
+
+// ws3's consumers over the CTA's items: per item, Q (loaded by the previous item's last tile, else now), the tiles of
+// the stream in order (g counts across items, as the producer's), then the epilogue (out / lse or the partials).
+__device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
+                                           float* lse, float* part_o, float* part_lse, const Params& p, int64_t items,
+                                           int tid, uint32_t bar_full, uint32_t bar_empty) {
+  const int wg = tid >> 7, lane = tid & 31;
+  const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
+  const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
+  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  uint32_t g = 0;
+  bool q_loaded = false;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const Item it = item_of(w, p, n_tiles);
+    const int64_t wn = w + gridDim.x;
+    const Item nx = item_of(wn < items ? wn : w, p, n_tiles);
+    if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
+    cp_wait_all();
+    fence_async_smem();
+    named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+    q_loaded = false;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    for (int i = 0; i < it.n; ++i, ++g) {
+      const int st = g % kStages;
+      mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
+      fence_async_smem();
+      reg_fence<16>(s);
+      wg_arrive();
+      issue_scores(s, q_base, ring_base + st * kStageBytes, wg);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence<16>(s);
+      const bool q_next = i == it.n - 1 && wn < items;
+      softmax_pv_q(s, acc, m_run, l_run, smem, g, ring_base + st * kStageBytes, bar_empty, wg, r0, lane, p.qk_scale,
+                   q_next, q, p, nx.tok, nx.hb, tid);
+      q_loaded = q_next;
+    }
+    finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, it.tok,
+           it.hb, it.split, wg, r0, lane);
+  }
+}
+
+template <bool FP8>
+__global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
+    ws3p_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv, const int* __restrict__ idx,
+                       const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                       float* __restrict__ part_o, float* __restrict__ part_lse, Params p, int64_t items) {
+  using C = Cfg<FP8>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB alignment (as ws3)
+  const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + 8 * s, C::kProducers);
+      mbar_init(bar_empty + 8 * s, kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid >= kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    producer_p<FP8>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+    consumer_p(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+  }
+}
+
+// max_ctas > 0 caps the grid (tests: several items per CTA at small sizes); 0: one CTA per SM of the current device.
+template <bool FP8>
+static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream) {
+  const int smem = Smem::total + 1024;  // + alignment slack
+  auto kern = ws3p_decode_kernel<FP8>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return (int)e;
+  const Params& p = a.p;
+  const int64_t items = (int64_t)a.num_tokens * p.num_splits * (p.H / kH);
+  if (items <= 0) return 0;
+  int ctas = max_ctas;
+  if (ctas <= 0) {
+    int dev = 0;
+    e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return (int)e;
+  }
+  const int64_t grid = items < (int64_t)ctas ? items : (int64_t)ctas;
+  kern<<<(unsigned)grid, Cfg<FP8>::kThreads, smem, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
+      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
+      reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
+      reinterpret_cast<float*>(a.part_lse), p, items);
+  return (int)cudaGetLastError();
+}
+
 }  // namespace fm_ws3
 
 int fm_ws3_launch(const fm_ws::LaunchArgs& a, bool fp8, int mode, uintptr_t stream) {
@@ -723,3 +980,8 @@ int fm_ws3_smem_bytes(bool fp8) {
 int fm_ws3_block_rows() { return fm_ws3::kBN; }
 
 int fm_ws3_threads(bool fp8) { return fp8 ? fm_ws3::Cfg<true>::kThreads : fm_ws3::Cfg<false>::kThreads; }
+
+int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t stream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  return fp8 ? fm_ws3::launch_persist<true>(a, max_ctas, s) : fm_ws3::launch_persist<false>(a, max_ctas, s);
+}

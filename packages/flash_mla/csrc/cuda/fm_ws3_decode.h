@@ -29,3 +29,8 @@ int fm_ws3_launch_extra(const fm_ws::LaunchArgs& a, const fm_ws3::Extra& e, bool
 int fm_ws3_smem_bytes_extra();  // dynamic shared memory per CTA of fm_ws3_launch_extra (16 B more: the skip flags)
 int fm_ws3_block_rows();  // KV rows per tile (the unit of tiles_per_split): 64
 int fm_ws3_threads(bool fp8);  // threads per CTA: 384 (one producer warpgroup, both caches)
+
+// ws3p: ws3 (mode 0, single cache) in a persistent grid of min(max_ctas or, for max_ctas <= 0, the device's SM count,
+// work items) CTAs, each looping over work items (token, split, head block) at a static stride; same arguments,
+// results and split-KV format as fm_ws3_launch (session 5 round 5, not yet GPU-run). Returns a cudaError_t code.
+int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t stream);

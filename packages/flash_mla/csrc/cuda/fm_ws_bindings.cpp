@@ -60,6 +60,28 @@ static void sparse_decode_ws3_extra(uintptr_t q, uintptr_t kv, uintptr_t idx, ui
     throw std::runtime_error(std::string("sparse_decode_ws3_extra launch failed: ") + fm_ws_error_string(rc));
 }
 
+// ws3p (fm_ws3p_launch): ws3 in a persistent grid; sparse_decode_ws's arguments for variant 3 mode 0, with max_ctas
+// (0: one CTA per SM; > 0: a cap on the grid, tests use it to give every CTA several work items) in place of
+// variant / mode.
+static void sparse_decode_ws3p(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out, uintptr_t lse,
+                               uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H, int topk,
+                               int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows, int64_t stride_it,
+                               int64_t stride_qt, int64_t stride_qh, int64_t stride_kv, int64_t stride_ot,
+                               int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8, int max_ctas,
+                               uintptr_t stream) {
+  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p: H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p: bad split plan");
+  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p: max_ctas must be >= 0 (0: one CTA per SM)");
+  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
+    throw std::invalid_argument("sparse_decode_ws3p: num_splits > 1 needs the part_o / part_lse workspaces");
+  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
+  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
+                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
+                      stride_lh};
+  const int rc = fm_ws3p_launch(a, fp8, max_ctas, stream);
+  if (rc != 0) throw std::runtime_error(std::string("sparse_decode_ws3p launch failed: ") + fm_ws_error_string(rc));
+}
+
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
@@ -78,4 +100,8 @@ void fm_register_ws(pybind11::module_& m) {
         "tiles_per_split counts 64-row tiles of the main list followed by the extra list; all-hole tiles are skipped. "
         "No ablation modes.");
   m.def("ws3_smem_bytes_extra", &fm_ws3_smem_bytes_extra, "Dynamic shared memory per CTA of sparse_decode_ws3_extra");
+  m.def("sparse_decode_ws3p", &sparse_decode_ws3p,
+        "ws3 in a persistent grid (fm_ws3_decode.cu ws3p_decode_kernel): min(SMs or max_ctas, work items) CTAs, each "
+        "looping over (token, split, head block) items at a static stride. sparse_decode_ws's arguments with "
+        "max_ctas (0: one CTA per SM) in place of variant / mode; tiles_per_split in 64-row tiles.");
 }

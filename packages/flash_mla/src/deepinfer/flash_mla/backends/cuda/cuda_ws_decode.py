@@ -29,6 +29,12 @@ rules; `_C.sparse_decode_ws3_extra`, fm_ws3_decode.cu's EXTRA flag). Routed only
 environment variable `DEEPINFER_FLASH_MLA_WS3_EXTRA=1` (`WS3_EXTRA_ENV`; then extra-cache calls of at least
 `WS3_MIN_TOKENS` tokens run ws3 too). Without either, extra-cache calls run the serial kernel as before.
 
+Persistent ws3 (session 5 round 5, NOT yet GPU-run; `variant="ws3p"` only, no route picks it): the same kernel body
+as ws3 (both caches, no extra cache, no ablations) in a persistent grid of min(#SMs, work items) CTAs
+(`_C.sparse_decode_ws3p`, fm_ws3_decode.cu's ws3p_decode_kernel); each CTA takes work items (token, split, head
+block) at a static stride, its producer's ring runs on into the next item's first tiles and the next item's Q is loaded
+while the consumers finish the current one. `max_ctas=` caps the grid (tests: several items per CTA).
+
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -70,13 +76,15 @@ __all__ = [
     "ws3_extra_available",
     "ws3_extra_enabled",
     "ws3_why_not",
+    "ws3p_available",
+    "ws3p_grid",
 ]
 
 BLOCK_H, HEAD_DIM = 64, 512
 PLAN_ROWS = 64  # rows per tile of the split plan (the serial kernel's tile)
 KERNEL_ROWS = 32  # rows per tile of ws / ws2 (fm_ws_decode.cu kBN; checked against _C.ws_block_rows())
 WS3_ROWS = 64  # rows per tile of ws3 (fm_ws3_decode.cu kBN; checked against _C.ws3_block_rows())
-VARIANTS = {"ws": 1, "ws2": 2, "ws3": 3}  # name -> the binding's variant code (sparse_decode_ws)
+VARIANTS = {"ws": 1, "ws2": 2, "ws3": 3, "ws3p": 4}  # name -> variant code (sparse_decode_ws; ws3p: sparse_decode_ws3p)
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -98,13 +106,15 @@ WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
 
 
 def ablations_of(variant: str) -> tuple[str, ...]:
-    """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws, ws2: all)."""
+    """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws3p: full; ws, ws2: all)."""
+    if variant == "ws3p":  # the persistent ws3: the kernel only
+        return ("full",)
     return _WS3_ABLATIONS if variant == "ws3" else tuple(ABLATIONS)
 
 
 def block_rows(variant: str) -> int:
-    """KV rows per tile of a variant's kernel: the unit of its tiles_per_split (ws / ws2: 32, ws3: 64)."""
-    return WS3_ROWS if variant == "ws3" else KERNEL_ROWS
+    """KV rows per tile of a variant's kernel: the unit of its tiles_per_split (ws / ws2: 32, ws3 / ws3p: 64)."""
+    return WS3_ROWS if variant in ("ws3", "ws3p") else KERNEL_ROWS
 
 
 @functools.cache
@@ -138,6 +148,12 @@ def ws3_available() -> bool:
     """True when `_C` has the ws3 kernel (`ws3_block_rows`); a `_C` built before ws3 has sparse_decode_ws without it."""
     mod = _module()
     return mod is not None and hasattr(mod, "ws3_block_rows")
+
+
+def ws3p_available() -> bool:
+    """True when `_C` has the persistent ws3 (`sparse_decode_ws3p`, session 5 round 5 source)."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "sparse_decode_ws3p")
 
 
 def ws3_extra_available() -> bool:
@@ -210,6 +226,17 @@ def split_plan(
     return -(-tiles // per), per
 
 
+def ws3p_grid(t: int, h: int, num_splits: int, num_sms: int, max_ctas: int | None = None) -> tuple[int, int, int]:
+    """ws3p's persistent grid (what fm_ws3_decode.cu's launch_persist launches) for t tokens x h heads x num_splits:
+    (CTAs = min(max_ctas or num_sms, work items), work items = t * num_splits * h / 64, items of the busiest CTA:
+    CTA b takes items b, b + CTAs, ...)."""
+    if max_ctas is not None and max_ctas < 1:
+        raise ValueError(f"ws3p_grid: max_ctas: expected None or >= 1, got {max_ctas}")
+    items = t * num_splits * (h // BLOCK_H)
+    ctas = min(max_ctas or num_sms, items)
+    return ctas, items, (-(-items // ctas) if ctas else 0)
+
+
 def _check_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor | None) -> None:
     why = supports(q, kv)
     if why is not None:
@@ -250,9 +277,9 @@ def _extra_rows(extra_kv: torch.Tensor, extra_indices: torch.Tensor) -> tuple[to
 
 def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
-    fn = "ws3_block_rows" if variant == "ws3" else "ws_block_rows"
-    if not hasattr(mod, fn):
-        raise RuntimeError(f"sparse_attn_ws: _C has no {fn}: built before variant {variant!r} existed (rebuild)")
+    fn = "ws3_block_rows" if variant in ("ws3", "ws3p") else "ws_block_rows"
+    if not hasattr(mod, fn) or (variant == "ws3p" and not hasattr(mod, "sparse_decode_ws3p")):
+        raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
     if got != block_rows(variant):
         raise RuntimeError(f"_C.{fn}() is {got}, this wrapper plans {block_rows(variant)}-row tiles for {variant}")
@@ -272,6 +299,7 @@ def sparse_attn_ws(
     ablation: str = "full",
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    max_ctas: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention on the warp-specialised sm_90a kernel; returns (out [t, h, 512] bf16, lse fp32 [t, h]).
 
@@ -283,10 +311,12 @@ def sparse_attn_ws(
         out, lse_out: optional output buffers ([t, h, 512] bf16 / [t, h] fp32; copied when their strides do not suit
             the kernel).
         num_splits: splits per token (None: `split_plan`, the serial kernel's plan).
-        variant: "ws", "ws2" or "ws3" (module docstring). ablation: "full" (the kernel) or a timing-only mode of
+        variant: "ws", "ws2", "ws3" or "ws3p" (module docstring). ablation: "full" (the kernel) or a timing-only mode of
             `ablations_of(variant)` whose results are wrong.
         extra_kv, extra_indices: optional second cache (kv's format) and int32 [t, topk2] slots into it, after the
             main list in the index space (ws3, ablation "full" only; `_C.sparse_decode_ws3_extra`).
+        max_ctas: ws3p only: cap on its persistent grid (None: one CTA per SM); a small cap gives every CTA several
+            work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
     if variant not in VARIANTS or ablation not in ablations_of(variant):
@@ -295,6 +325,8 @@ def sparse_attn_ws(
             f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
+    if max_ctas is not None and (variant != "ws3p" or int(max_ctas) < 1):
+        raise ValueError(f"max_ctas: expected None, or >= 1 with variant 'ws3p', got {max_ctas!r} with {variant!r}")
     _check_args(q, kv, indices, sink)
     t, h, d = q.shape
     if (extra_kv is None) != (extra_indices is None):
@@ -339,6 +371,13 @@ def sparse_attn_ws(
             idx.stride(0), ex_idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0),
             ex_f.stride(0) * ex_f.element_size(), o_dst.stride(0), o_dst.stride(1),
             lse_out.stride(0), lse_out.stride(1), fp8, stream,
+        )  # fmt: skip
+    elif variant == "ws3p":
+        mod.sparse_decode_ws3p(
+            q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
+            t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
+            idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0), o_dst.stride(0), o_dst.stride(1),
+            lse_out.stride(0), lse_out.stride(1), fp8, int(max_ctas or 0), stream,
         )  # fmt: skip
     else:
         mod.sparse_decode_ws(
@@ -385,17 +424,20 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
             kv[~used] = 0xFF if fp8 else float("nan")  # NaN data (and NaN scales) wherever no index points
             kv, ic = kv.to(device), idx.to(device)
             ro, rl = reference.sparse_attn(q, kv, ic, sink, HEAD_DIM**-0.5)
-            for splits in (None, 1, 7):
+            # ws3p: also a grid of 3 CTAs (4 or 4 x splits work items: several per CTA, unequal counts)
+            for splits, ctas in [(s, c) for s in (None, 1, 7) for c in ((None, 3) if variant == "ws3p" else (None,))]:
                 out = torch.full_like(q, float("nan"))
                 lse = torch.full((t, BLOCK_H), float("nan"), device=device)
+                kw = {"max_ctas": ctas} if ctas else {}
                 sparse_attn_ws(
-                    q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits, variant=variant
+                    q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits, variant=variant, **kw
                 )
                 if device != "cpu":
                     torch.cuda.synchronize()
                 why = mismatch(out, lse, ro, rl)
                 if why is not None:
-                    fails.append(f"topk={topk} fp8={fp8} splits={splits}: {why}")
+                    grid = f" max_ctas={ctas}" if ctas else ""
+                    fails.append(f"topk={topk} fp8={fp8} splits={splits}{grid}: {why}")
     return "; ".join(fails)
 
 
