@@ -550,9 +550,25 @@ __device__ __forceinline__ void finish(const float* acc, const float* m_run, flo
 }
 
 // Softmax of tile i (S_i complete in s), O *= alpha_i, P_i published (barrier), O += P_i V_i; then stage i released.
+// Q [64 heads, 512] of (tok, head block hb) -> swizzled smem by the 256 consumer threads (one commit group).
+__device__ __forceinline__ void issue_q(const __nv_bfloat16* q, const Params& p, int64_t tok, int hb, uint32_t q_base,
+                                        int tid) {
+  const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
+  const int c = tid & 63;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int r = (tid >> 6) + 4 * i;
+    cp_async16(q_base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
+  }
+  cp_commit();
+}
+
+// after_p() runs right after the P barrier (both warpgroups' scores of tile i done: ws3p issues the next item's Q
+// load there; ws3 passes a no-op).
+template <class AfterP>
 __device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, int i,
                                            uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
-                                           float qk_scale) {
+                                           float qk_scale, AfterP after_p) {
   const int st = i % kStages;
   const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
   float* red = reinterpret_cast<float*>(smem + Smem::red) + (i & 1) * 128;
@@ -562,6 +578,7 @@ __device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, f
   rescale_o(acc, alpha);
   fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
   named_bar(kBarConsumers, kConsumers);  // both halves of P_i written
+  after_p();
   reg_fence<128>(acc);
   wg_arrive();
   issue_pv(acc, smem_u32(p_tile), kv_base, wg);
@@ -583,15 +600,8 @@ __device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, 
   const int wg = tid >> 7, lane = tid & 31;
   const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
   const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
-  {  // Q [64 heads, 512] -> swizzled smem (both warpgroups), while the producer gathers the first tiles
-    const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
-    const int c = tid & 63;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int r = (tid >> 6) + 4 * i;
-      cp_async16(q_base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
-    }
-    cp_commit();
+  {  // Q -> smem (both warpgroups), while the producer gathers the first tiles
+    issue_q(q, p, tok, hb, q_base, tid);
     cp_wait_all();
     fence_async_smem();
     named_bar(kBarConsumers, kConsumers);
@@ -628,13 +638,27 @@ __device__ __forceinline__ void consumer(uint8_t* smem, const __nv_bfloat16* q, 
     wg_commit();
     wg_wait<0>();
     reg_fence<16>(s);
-    softmax_pv(s, acc, m_run, l_run, smem, i, ring_base + st * kStep, bar_empty, wg, r0, lane, p.qk_scale);
+    softmax_pv(s, acc, m_run, l_run, smem, i, ring_base + st * kStep, bar_empty, wg, r0, lane, p.qk_scale, [] {});
   }
   finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, tok, hb,
          split, wg, r0, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ kernel
+
+// Thread 0 initialises the ring's full (PRODUCERS arrivals) / empty (consumer arrivals) barriers; then the CTA syncs.
+template <int PRODUCERS>
+__device__ __forceinline__ void init_ring_barriers(uint32_t bar_full, uint32_t bar_empty, int tid) {
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + 8 * s, PRODUCERS);
+      mbar_init(bar_empty + 8 * s, kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
 
 template <bool FP8, int MODE, bool EXTRA>
 __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
@@ -654,15 +678,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   const int n_tiles = (p.topk + (EXTRA ? x.topk2 : 0) + kBN - 1) / kBN;  // EXTRA: main list, then extra list
   const int lo = split * p.tiles_per_split;
   const int n = max(min(lo + p.tiles_per_split, n_tiles) - lo, 0);
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full + 8 * s, C::kProducers);
-      mbar_init(bar_empty + 8 * s, kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     const int* idx2_row = EXTRA ? x.idx2 + tok * x.stride_it2 : nullptr;
@@ -674,6 +690,18 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   }
 }
 
+// Launch a ws3 / ws3p kernel on LaunchArgs' pointers and Params, then the kernel's own last argument (XParams / items).
+template <class Kern, class Tail>
+static int launch_kernel(Kern kern, int64_t grid, int threads, int smem, cudaStream_t stream, const LaunchArgs& a,
+                         const Tail& tail) {
+  kern<<<(unsigned)grid, threads, smem, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
+      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
+      reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
+      reinterpret_cast<float*>(a.part_lse), a.p, tail);
+  return (int)cudaGetLastError();
+}
+
 template <bool FP8, int MODE, bool EXTRA = false>
 static int launch_impl(const LaunchArgs& a, cudaStream_t stream, const XParams& x = XParams{}) {
   const int smem = (EXTRA ? Smem::total_extra : Smem::total) + 1024;  // + alignment slack
@@ -683,12 +711,7 @@ static int launch_impl(const LaunchArgs& a, cudaStream_t stream, const XParams& 
   const Params& p = a.p;
   const int64_t grid = (int64_t)a.num_tokens * p.num_splits * (p.H / kH);
   if (grid <= 0) return 0;
-  kern<<<(unsigned)grid, Cfg<FP8>::kThreads, smem, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
-      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
-      reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
-      reinterpret_cast<float*>(a.part_lse), p, x);
-  return (int)cudaGetLastError();
+  return launch_kernel(kern, grid, Cfg<FP8>::kThreads, smem, stream, a, x);
 }
 
 template <bool FP8>
@@ -817,43 +840,6 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
 
 // Q [64 heads, 512] of (tok, head block hb) -> the swizzled Q buffer by the 256 consumer threads (cp.async, committed;
 // the caller waits).
-__device__ __forceinline__ void issue_q(const __nv_bfloat16* q, const Params& p, int64_t tok, int hb, uint32_t q_base,
-                                        int tid) {
-  const __nv_bfloat16* qt = q + tok * p.stride_qt + (int64_t)hb * kH * p.stride_qh;
-  const int c = tid & 63;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int r = (tid >> 6) + 4 * i;
-    cp_async16(q_base + swz(r, c, kH), qt + (int64_t)r * p.stride_qh + c * 8, true);
-  }
-  cp_commit();
-}
-
-// softmax_pv with the next item's Q load issued after the P barrier when q_next (the last tile of an item followed by
-// another): both warpgroups have then finished this tile's scores, the last read of the Q buffer.
-__device__ __forceinline__ void softmax_pv_q(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, uint32_t g,
-                                             uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
-                                             float qk_scale, bool q_next, const __nv_bfloat16* q, const Params& p,
-                                             int64_t tok_n, int hb_n, int tid) {
-  const int st = g % kStages;
-  const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
-  float* red = reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128;
-  uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
-  float alpha[2];
-  softmax_tile(s, alpha, m_run, l_run, s_rows, red, p_tile, wg, r0, lane, qk_scale);
-  rescale_o(acc, alpha);
-  fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
-  named_bar(kBarConsumers, kConsumers);  // both halves of P_g written; both warpgroups' scores of tile g done
-  if (q_next) issue_q(q, p, tok_n, hb_n, smem_u32(smem + Smem::q), tid);
-  reg_fence<128>(acc);
-  wg_arrive();
-  issue_pv(acc, smem_u32(p_tile), kv_base, wg);
-  wg_commit();
-  wg_wait<0>();
-  reg_fence<128>(acc);
-  mbar_arrive(bar_empty + 8 * st);
-}
-
 // ws3's consumers over the CTA's items: per item, Q (loaded by the previous item's last tile, else now), the tiles of
 // the stream in order (g counts across items, as the producer's), then the epilogue (out / lse or the partials).
 __device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
@@ -892,8 +878,10 @@ __device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q
       wg_wait<0>();
       reg_fence<16>(s);
       const bool q_next = i == it.n - 1 && wn < items;
-      softmax_pv_q(s, acc, m_run, l_run, smem, g, ring_base + st * kStageBytes, bar_empty, wg, r0, lane, p.qk_scale,
-                   q_next, q, p, nx.tok, nx.hb, tid);
+      softmax_pv(s, acc, m_run, l_run, smem, (int)g, ring_base + st * kStageBytes, bar_empty, wg, r0, lane, p.qk_scale,
+                 [&] {  // the last read of this item's Q is done: the next item's Q load overlaps P @ V
+                   if (q_next) issue_q(q, p, nx.tok, nx.hb, q_base, tid);
+                 });
       q_loaded = q_next;
     }
     finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, it.tok,
@@ -911,15 +899,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB alignment (as ws3)
   const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
   const int tid = threadIdx.x;
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full + 8 * s, C::kProducers);
-      mbar_init(bar_empty + 8 * s, kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     producer_p<FP8>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
@@ -947,12 +927,7 @@ static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream
     if (e != cudaSuccess) return (int)e;
   }
   const int64_t grid = items < (int64_t)ctas ? items : (int64_t)ctas;
-  kern<<<(unsigned)grid, Cfg<FP8>::kThreads, smem, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
-      reinterpret_cast<const int*>(a.idx), reinterpret_cast<const float*>(a.sink),
-      reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
-      reinterpret_cast<float*>(a.part_lse), p, items);
-  return (int)cudaGetLastError();
+  return launch_kernel(kern, grid, Cfg<FP8>::kThreads, smem, stream, a, items);
 }
 
 }  // namespace fm_ws3
