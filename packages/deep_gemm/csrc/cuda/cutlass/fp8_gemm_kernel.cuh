@@ -18,6 +18,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "dg_cutlass_fp8.h"
+#include "cutlass_common.cuh"
 
 namespace dg::cutlass_fp8 {
 
@@ -78,16 +79,7 @@ struct Fp8Gemm {
   using Arguments = typename Gemm::Arguments;
 };
 
-// SM count per device, queried once (CUTLASS would query it on every call otherwise).
-inline int sm_count() {
-  static int cached[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (cached[dev] == 0) {
-    cached[dev] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
-  }
-  return cached[dev];
-}
+using cutlass_common::sm_count;  // SM count per device, queried once (cutlass_common.cuh)
 
 // The layout of the M-major A scales [k/128, sfa_ld]: element (i, kb) at kb * sfa_ld + i. Built by hand because
 // tile_atom_to_shape_SFA would use stride m, which breaks TMA's 16-byte stride rule for m % 4 != 0. The M extent is

@@ -69,14 +69,8 @@ struct Aux {
   LayoutSFB* lsfb;
 };
 
-inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
-template <class T>
-T* carve(char*& p, int g) {
-  T* out = reinterpret_cast<T*>(p);
-  p += align_up(sizeof(T) * static_cast<size_t>(g));
-  return out;
-}
+using cutlass_common::align_up;
+using cutlass_common::carve;
 
 // Pass base == nullptr to measure (*bytes). first, last and runs come first and in that order: one memset of
 // 0x7f bytes covers `first`, one of zeros covers `last` and `runs`.
@@ -184,35 +178,22 @@ __global__ void setup_masked(Aux<G> x, CutlassFp8GroupedArgs p) {
 
 template <class G>
 typename G::Gemm::Arguments make_args(const Aux<G>& x, int groups, int raster, int swizzle) {
-  cutlass::KernelHardwareInfo hw;
-  hw.sm_count = cutlass_fp8::sm_count();
-  if (hw.sm_count <= 0) throw std::runtime_error("deep_gemm CUTLASS grouped fp8 gemm: no CUDA device");
   typename G::Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {groups, x.shapes, nullptr},  // no host problem shapes: the kernel reads the device ones
       {x.a, x.sa, x.b, x.sb, x.sfa, x.lsfa, x.sfb, x.lsfb},
       {{}, nullptr, reinterpret_cast<typename G::StrideC*>(x.sd), x.d, x.sd},
-      hw};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.scheduler.max_swizzle_size = swizzle;
-  // Grouped scheduler: 1 = along M (CUTLASS's grouped default), 2 = along N; 0 (heuristic) means along M here.
-  using Raster = decltype(args.scheduler.raster_order);
-  args.scheduler.raster_order = raster == 2 ? Raster::AlongN : Raster::AlongM;
+      cutlass_common::hw_info("deep_gemm CUTLASS grouped fp8 gemm")};
+  cutlass_common::set_grouped_epilogue_and_scheduler(args, raster, swizzle);
   return args;
 }
 
 inline void check(cutlass::Status st, const char* what) {
-  if (st != cutlass::Status::kSuccess) {
-    throw std::runtime_error(std::string("deep_gemm CUTLASS grouped fp8 gemm: ") + what + " failed (" +
-                             cutlassGetStatusString(st) + ")");
-  }
+  cutlass_common::check_status(st, "deep_gemm CUTLASS grouped fp8 gemm", what);
 }
 
 inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("deep_gemm CUTLASS grouped fp8 ") + what + ": " + cudaGetErrorString(err));
-  }
+  cutlass_common::check_cuda(err, "deep_gemm CUTLASS grouped fp8", what);
 }
 
 template <class G>

@@ -22,6 +22,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass_common.cuh"
 #include "dg_cutlass_w4a16.h"
 #include "w4a16_dq_decode.h"
 
@@ -67,14 +68,8 @@ struct Aux {
   typename G::StrideD* sd;
 };
 
-inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
-template <class T>
-T* carve(char*& p, int g) {
-  T* out = reinterpret_cast<T*>(p);
-  p += align_up(sizeof(T) * static_cast<size_t>(g));
-  return out;
-}
+using cutlass_common::align_up;
+using cutlass_common::carve;
 
 // Pass base == nullptr to measure (*bytes).
 template <class G>
@@ -143,42 +138,23 @@ __global__ void setup_chunk(Aux<G> x, CutlassW4A16DqArgs p, int e0, int count) {
   x.sd[j] = sd;
 }
 
-inline int sm_count() {
-  int dev = 0, count = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  return count;
-}
-
 template <class G>
 typename G::Gemm::Arguments make_args(const Aux<G>& x, int groups, int raster, int swizzle) {
-  cutlass::KernelHardwareInfo hw;
-  hw.sm_count = sm_count();
-  if (hw.sm_count <= 0) throw std::runtime_error("deep_gemm CUTLASS W4A16 dq gemm: no CUDA device");
   typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                    {groups, x.shapes, nullptr},  // device problem shapes only
                                    {x.a, x.sa, x.b, x.sb},
                                    {{}, nullptr, reinterpret_cast<typename G::StrideC*>(x.sd), x.d, x.sd},
-                                   hw};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.scheduler.max_swizzle_size = swizzle;
-  using Raster = decltype(args.scheduler.raster_order);
-  args.scheduler.raster_order = raster == 2 ? Raster::AlongN : Raster::AlongM;
+                                   cutlass_common::hw_info("deep_gemm CUTLASS W4A16 dq gemm")};
+  cutlass_common::set_grouped_epilogue_and_scheduler(args, raster, swizzle);
   return args;
 }
 
 inline void check(cutlass::Status st, const char* what) {
-  if (st != cutlass::Status::kSuccess) {
-    throw std::runtime_error(std::string("deep_gemm CUTLASS W4A16 dq gemm: ") + what + " failed (" +
-                             cutlassGetStatusString(st) + ")");
-  }
+  cutlass_common::check_status(st, "deep_gemm CUTLASS W4A16 dq gemm", what);
 }
 
 inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("deep_gemm CUTLASS W4A16 dq ") + what + ": " + cudaGetErrorString(err));
-  }
+  cutlass_common::check_cuda(err, "deep_gemm CUTLASS W4A16 dq", what);
 }
 
 template <class G>
