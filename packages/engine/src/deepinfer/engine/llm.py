@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -271,6 +272,18 @@ class LLM:
             self.last_run_seconds = time.perf_counter() - start
         return [seq.to_output() for seq in seqs]
 
+    def _batches(self, bar: Any, start: float) -> Iterator[list[ScheduledChunk]]:
+        """The scheduler's batches until no request is left, counting finished requests on the progress bar between
+        steps (a step that only failed requests that can never fit yields nothing)."""
+        counts = [0, 0]  # prompt tokens, generated tokens of the finished requests
+        while True:
+            self._count_finished(bar, counts, start)
+            if not self.scheduler.has_unfinished():
+                return
+            batch = self._schedule()
+            if batch:
+                yield batch
+
     def _schedule(self) -> list[ScheduledChunk]:
         """The scheduler's next batch; empty only when that step failed requests that can never fit (nothing
         left to run); raises when requests wait but nothing can be scheduled."""
@@ -286,14 +299,7 @@ class LLM:
         if self.async_sampling:
             self._loop_async(bar, start)
             return
-        counts = [0, 0]  # prompt tokens, generated tokens of the finished requests
-        while True:
-            self._count_finished(bar, counts, start)
-            if not self.scheduler.has_unfinished():
-                return
-            batch = self._schedule()
-            if not batch:
-                continue  # the step only failed requests that can never fit
+        for batch in self._batches(bar, start):
             chunks = [item.chunk for item in batch]
             logits = self.runner.forward(chunks)
             prefetch = getattr(self.runner, "prefetch_next", None)  # fakes in tests may lack it
@@ -304,15 +310,8 @@ class LLM:
     def _loop_async(self, bar: Any, start: float) -> None:
         """`_loop` with sampling on the device and the next decode step launched before this one's tokens are
         read (DEEPINFER_ASYNC_SAMPLING=1; see async_sampling.py). Same tokens as `_loop`."""
-        counts = [0, 0]
         ahead: tuple[list[ScheduledChunk], torch.Tensor] | None = None  # launched step and its logits
-        while True:
-            self._count_finished(bar, counts, start)
-            if not self.scheduler.has_unfinished():
-                return
-            batch = self._schedule()
-            if not batch:
-                continue
+        for batch in self._batches(bar, start):
             launched, ahead = ahead, None
             params = [item.seq.params for item in batch]
             if not (all(item.samples and item.chunk.want == "last" for item in batch) and device_sampling_ok(params)):
