@@ -138,13 +138,13 @@ def test_overlap_default_and_order_from_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv(_overlap.ENV, raising=False)
     monkeypatch.delenv(_overlap.ORDER_ENV, raising=False)
     assert _overlap.enabled(None) and _overlap.enabled(True) and not _overlap.enabled(False)
-    assert _overlap.order() == "serial"
+    assert _overlap.order() == "mixed"
     monkeypatch.setenv(_overlap.ENV, "0")
     assert not _overlap.enabled(None) and _overlap.enabled(True)
     monkeypatch.setenv(_overlap.ENV, "1")
     assert _overlap.enabled(None) and not _overlap.enabled(False)
-    monkeypatch.setenv(_overlap.ORDER_ENV, "mixed")
-    assert _overlap.order() == "mixed"
+    monkeypatch.setenv(_overlap.ORDER_ENV, "serial")
+    assert _overlap.order() == "serial"
     monkeypatch.setenv(_overlap.ORDER_ENV, "fast")
     with pytest.raises(ValueError, match=_overlap.ORDER_ENV):
         _overlap.order()

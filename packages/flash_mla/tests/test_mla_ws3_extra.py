@@ -501,3 +501,18 @@ def test_ws3_extra_graph_replay_gpu(fp8: bool) -> None:
         graph.replay()
         torch.cuda.synchronize()
         _check((out.cpu(), lse.cpu()), q2, caches, l2, sink, SCALE, (fp8, fp8), gpu_p=True)
+
+
+@pytest.mark.usefixtures("extra_present")
+def test_default_runs_ws3p_from_256_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 6: the default route runs the persistent ws3p from WS3P_MIN_TOKENS (256) query tokens without an extra
+    cache (ws3 below, and with an extra cache under the flag; ws3 when `_C` lacks ws3p)."""
+    monkeypatch.setattr(_WS, "ws3p_available", lambda: True)
+    kv = _bf16(100, 512)
+    q = _bf16(_WS.WS3P_MIN_TOKENS, 64, 512)
+    assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3p"
+    assert _dispatch.kernel_for(q[:-1], kv, None) == "cuda_ws3"
+    monkeypatch.setenv(_WS.WS3_EXTRA_ENV, "1")
+    assert _dispatch.kernel_for(q, kv, _bf16(3, 512)) == "cuda_ws3"
+    monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
+    assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3"

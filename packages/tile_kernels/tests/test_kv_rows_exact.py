@@ -104,10 +104,10 @@ class _Recorder:
         return lambda *args, **kw: self.calls.append({"grid": grid, **kw})
 
 
-def test_rule_is_off_by_default_and_picks_its_tiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off (no DEEPINFER_TK_KV_ROWS): 1 token / 1 warp at every count, as before. On: 4 tokens per 1-warp program
+def test_rule_is_on_by_default_and_picks_its_tiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off (DEEPINFER_TK_KV_ROWS=0): 1 token / 1 warp at every count. On (the default): 4 tokens per 1-warp program
     from 16,384 tokens, 2 from 4,096, the default below; d != 512 and explicit block_t / num_warps unaffected."""
-    assert _F.KV_ROWS_RULE_ON == (os.environ.get("DEEPINFER_TK_KV_ROWS", "0") == "1")
+    assert _F.KV_ROWS_RULE_ON == (os.environ.get("DEEPINFER_TK_KV_ROWS", "1") != "0")
     assert _F.KV_ROWS_RULE == ((16384, 4), (4096, 2))
     rec = _Recorder()
     monkeypatch.setattr(_F, "_kv_fused_kernel", rec)
@@ -123,7 +123,7 @@ def test_rule_is_off_by_default_and_picks_its_tiling(monkeypatch: pytest.MonkeyP
 
     assert [launch(t) for t in (1, 4096, 16384)] == [(1, 1, 1), (4096, 1, 1), (16384, 1, 1)]
     assert launch(16384, row_rule=True) == (4096, 4, 1)
-    monkeypatch.setattr(_F, "KV_ROWS_RULE_ON", True)  # what DEEPINFER_TK_KV_ROWS=1 sets at import
+    monkeypatch.setattr(_F, "KV_ROWS_RULE_ON", True)  # the default (DEEPINFER_TK_KV_ROWS unset or != "0")
     assert [launch(t) for t in (1, 64, 4095, 4096, 16383, 16384)] == [
         (1, 1, 1),
         (64, 1, 1),

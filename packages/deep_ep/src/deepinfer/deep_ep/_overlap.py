@@ -40,9 +40,9 @@ from .reference import XPayload
 
 HEAD_BYTES = 4096  # int64 flags at the head of each buffer (count / row flags, or combine flags)
 ENV = "DEEPINFER_DEEP_EP_OVERLAP"  # "0": num_worst_tokens calls that do not pass overlap take `_nosync`
-# program order of the dispatch launch (`overlap.ORDERS`): "serial" (the default) or "mixed" (session 5: the
-# copy-out programs launched first, pushes and own-block copies interleaved; round 3 on 2 H200s: dispatch bf16
-# 136.7 vs 150.3 us from a CUDA graph, bit-exact, but its 2-GPU test has not run on GPUs); read per call
+# program order of the dispatch launch (`overlap.ORDERS`): "mixed" (the default since session 6: the copy-out
+# programs launched first, pushes and own-block copies interleaved; session 5 round 3 on 2 H200s: dispatch bf16
+# 136.7 vs 150.3 us from a CUDA graph, bit-exact; its 2-GPU test passed in session 6 run 1) or "serial"; read per call
 ORDER_ENV = "DEEPINFER_DEEP_EP_OVERLAP_ORDER"
 # the combine launch's config (`overlap.COMBINE_CONFIGS`): "base" (the default), "wide" / "wide4" (session 5: 2x /
 # 4x the tokens per reduce program, so the reduction of the last rows to land takes fewer rounds; round 3 on 2
@@ -73,8 +73,8 @@ def enabled(overlap: bool | None) -> bool:
 
 
 def order() -> str:
-    """The dispatch launch's program order from DEEPINFER_DEEP_EP_OVERLAP_ORDER (default "serial")."""
-    got = os.environ.get(ORDER_ENV, "serial").strip() or "serial"
+    """The dispatch launch's program order from DEEPINFER_DEEP_EP_OVERLAP_ORDER (default "mixed")."""
+    got = os.environ.get(ORDER_ENV, "mixed").strip() or "mixed"
     if got not in ov.ORDERS:
         raise ValueError(f"{ORDER_ENV}: expected one of {list(ov.ORDERS)}, got {got!r}")
     return got

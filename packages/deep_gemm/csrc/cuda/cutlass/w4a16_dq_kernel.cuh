@@ -98,7 +98,7 @@ __device__ __forceinline__ int2 expert_rows(const int* offs, int e, int m) {
 
 // One thread per 32-weight scale group: 16 packed bytes + 1 scale byte in, 64 bytes of bf16 out. Block (x, j):
 // expert e0 + j of the chunk; experts with no rows return at once (their weights are never read).
-__global__ void dequant_chunk(CutlassW4A16DqArgs p, int e0) {
+static __global__ void dequant_chunk(CutlassW4A16DqArgs p, int e0) {
   int j = blockIdx.y, e = e0 + j;
   int2 rows = expert_rows(reinterpret_cast<const int*>(p.offs), e, p.m);
   if (rows.y <= rows.x) return;

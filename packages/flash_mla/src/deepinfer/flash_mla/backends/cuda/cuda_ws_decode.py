@@ -100,6 +100,10 @@ _WS3_ABLATIONS = ("full", "producer", "consumer")
 # timed the public call with this threshold: ws3 at every case from 32 tokens, the serial kernel below, each within
 # 2 % of the kernel's own row (ws3 x serial: 1.04-1.18 BF16 / 1.14-1.22 FP8 from 32 tokens, 0.81-0.98 at 1..4).
 WS3_MIN_TOKENS = 32
+# From this many query tokens the default runs the persistent ws3p instead of ws3 (bit-identical per tile, GPU-tested).
+# Session 6 run 1 (H200, benchmarks/results/2026-11-30-s6-bench-flash_mla.json): ws3p 1.01-1.04x ws3 from 256 tokens
+# (b 128 s_q 2: 86.1 vs 87.7 us; prefill 4,096: 1.04x), 0.97-0.99x below (b 32 / 64 / 128 x s_q 1: per-CTA loop cost).
+WS3P_MIN_TOKENS = 256
 # "1": the default route (kernel=None) sends extra-cache calls (the engine's) of >= WS3_MIN_TOKENS tokens to ws3 as
 # well (`ws3_default_for`); unset / anything else: they run the serial kernel (the measured default). Read per call.
 WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
@@ -201,6 +205,12 @@ def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | 
     if q.dim() != 3 or q.shape[0] < WS3_MIN_TOKENS:
         return False
     return ws3_why_not(q, kv, extra_kv, allow_extra=extra_kv is not None and ws3_extra_enabled()) is None
+
+
+def default_variant(t: int, extra: bool = False) -> str:
+    """The ws variant the API default runs for t query tokens once `ws3_default_for` holds: "ws3p" from
+    WS3P_MIN_TOKENS when `_C` has it and there is no extra cache (ws3p has no extra-cache form), else "ws3"."""
+    return "ws3p" if t >= WS3P_MIN_TOKENS and not extra and ws3p_available() else "ws3"
 
 
 def split_plan(

@@ -38,14 +38,16 @@ KV_TARGET_PROGRAMS = 512
 # 0.93x at 1 / 64); they were tested within one ulp of this default, not bit for bit, so no size rule was switched
 # on (round 4 below: with one warp per row they keep this default's sum order)
 KV_TILE_ELEMS = 512
-# Prepared in session 5 round 4, OFF by default (not yet GPU-run): one warp per token row, more rows per program from
+# The default since session 6 (prepared in session 5 round 4): one warp per token row, more rows per program from
 # 4,096 tokens up ((min tokens, tokens per 1-warp program), largest first). With one warp and one BLOCK_D = 512 row
 # per warp, Triton gives the [BT, 512] tile the default [1, 512] tile's layout along the row (8 contiguous columns
 # per lane, 32 lanes, 1 warp: tests/tk_kv_layout.py checks the sm_90 TTGIR), and its reduce lowers each row from
 # that row's own registers and lanes, so every row's RMSNorm sum is added in the default's order: the same bits
-# (GPU test: test_kv_rows_exact.py). On with DEEPINFER_TK_KV_ROWS=1 or row_rule=True; the lead switches it.
+# (GPU test: test_kv_rows_exact.py, passed on the H200 in session 6 run 1, where rows_rule ran 1.09x / 1.06x / 1.01x
+# the 1-row tiling at 16,384 / 4,096 / 64 tokens: build/s6, benchmarks/results/2026-11-30-s6-tkkv.json).
+# DEEPINFER_TK_KV_ROWS=0 (or row_rule=False) keeps one token per program at every count.
 KV_ROWS_RULE: tuple[tuple[int, int], ...] = ((16384, 4), (4096, 2))
-KV_ROWS_RULE_ON = os.environ.get("DEEPINFER_TK_KV_ROWS", "0") == "1"
+KV_ROWS_RULE_ON = os.environ.get("DEEPINFER_TK_KV_ROWS", "1") != "0"
 MAX_D = 16384
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
@@ -390,9 +392,9 @@ def kv_norm_rope_quant_triton(
     or a cache [n, d] fp32/bf16/fp16 with unit column stride; rows: int [t] target rows of out (negative: skip;
     None: row i). Rows must be < n: unchecked here (that would need a host sync), the reference raises.
     block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
-    early_cos_sin: the kernel's EARLY_CS (a benchmark config). row_rule (None: KV_ROWS_RULE_ON, off unless
-    DEEPINFER_TK_KV_ROWS=1): without block_t / num_warps, KV_ROWS_RULE's tokens per 1-warp program (the default's
-    bits, prepared in session 5, not yet GPU-run).
+    early_cos_sin: the kernel's EARLY_CS (a benchmark config). row_rule (None: KV_ROWS_RULE_ON, on unless
+    DEEPINFER_TK_KV_ROWS=0): without block_t / num_warps, KV_ROWS_RULE's tokens per 1-warp program (the 1-row
+    tiling's bits, GPU-tested).
     """
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
