@@ -97,6 +97,10 @@ def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) 
     g = runner.graphs
     tok = [5] * len(slots)
     host = launch = wait = 0.0
+    # GPU time inside the loop (events around forward + prefetch's uploads, and around argmax): tells a slow
+    # replay in situ (different inputs than `replay_gpu_ms`'s) from GPU idle time between steps.
+    timed = dev.type == "cuda"
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(steps)] if timed else []
     _sync(dev)
     t_all = time.perf_counter()
     for i in range(steps):
@@ -108,13 +112,31 @@ def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) 
                 g._capture(size)
             g._batch(chunks, size, on_host=True)  # what run() builds: timed alone here
         t1 = time.perf_counter()
+        if timed:
+            ev[i][0].record()
         outs = runner.forward(chunks)
+        if timed:
+            ev[i][1].record()
         runner.prefetch_next(chunks)
         t2 = time.perf_counter()
         tok = torch.cat(outs).argmax(-1).tolist()
+        if timed:
+            ev[i][2].record()
         t3 = time.perf_counter()
         host, launch, wait = host + (t1 - t0), launch + (t2 - t1), wait + (t3 - t2)
     total = time.perf_counter() - t_all
+    gpu = {}
+    if timed:
+        _sync(dev)
+        fwd = sorted(e[0].elapsed_time(e[1]) for e in ev)
+        span = sorted(e[0].elapsed_time(e[2]) for e in ev)
+        gap = sorted(ev[i][2].elapsed_time(ev[i + 1][0]) for i in range(steps - 1)) or [0.0]
+        gpu = {
+            "in_loop_forward_gpu_ms_median": fwd[len(fwd) // 2],
+            "in_loop_forward_gpu_ms_max": fwd[-1],
+            "in_loop_step_span_gpu_ms_median": span[len(span) // 2],
+            "gpu_idle_between_steps_ms_median": gap[len(gap) // 2],
+        }
     # forward() rebuilds the batch itself, so host time is counted twice in `total`; subtract one copy.
     ms = lambda v: 1e3 * v / steps  # noqa: E731
     return {
@@ -123,6 +145,7 @@ def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) 
         "host_build_ms": ms(host),
         "forward_and_prefetch_ms": ms(launch),
         "sync_argmax_ms": ms(wait),
+        **gpu,
     }
 
 

@@ -16,9 +16,17 @@ from deepinfer.engine.loader.names import is_merged_experts, official_name
 
 SWA, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 FLASH_TYPES = [SWA, SWA] + [CSA, HCA] * 20 + [CSA]
-FP8_SUFFIXES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-                "indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight",
-                "shared_experts.w3.weight")
+FP8_SUFFIXES = (
+    "attn.wq_a.weight",
+    "attn.wq_b.weight",
+    "attn.wkv.weight",
+    "attn.wo_a.weight",
+    "attn.wo_b.weight",
+    "indexer.wq_b.weight",
+    "shared_experts.w1.weight",
+    "shared_experts.w2.weight",
+    "shared_experts.w3.weight",
+)
 
 
 def hf_config(num_layers: int = 4, **overrides):
@@ -26,16 +34,46 @@ def hf_config(num_layers: int = 4, **overrides):
     from transformers import DeepseekV4Config
 
     kw = dict(
-        vocab_size=129280, hidden_size=4096, num_hidden_layers=num_layers, num_attention_heads=64,
-        num_key_value_heads=1, head_dim=512, qk_rope_head_dim=64, q_lora_rank=1024, o_groups=8, o_lora_rank=1024,
-        sliding_window=128, layer_types=FLASH_TYPES[:num_layers], compress_rates={CSA: 4, HCA: 128},
-        index_n_heads=64, index_head_dim=128, index_topk=512, n_routed_experts=256, num_experts_per_tok=6,
-        n_shared_experts=1, moe_intermediate_size=2048, num_hash_layers=3, scoring_func="sqrtsoftplus",
-        routed_scaling_factor=1.5, swiglu_limit=10.0, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-        rms_norm_eps=1e-6, rope_theta=1e4, compress_rope_theta=1.6e5, max_position_embeddings=1048576,
-        rope_scaling={"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32,
-                      "beta_slow": 1},
-        bos_token_id=0, eos_token_id=1,
+        vocab_size=129280,
+        hidden_size=4096,
+        num_hidden_layers=num_layers,
+        num_attention_heads=64,
+        num_key_value_heads=1,
+        head_dim=512,
+        qk_rope_head_dim=64,
+        q_lora_rank=1024,
+        o_groups=8,
+        o_lora_rank=1024,
+        sliding_window=128,
+        layer_types=FLASH_TYPES[:num_layers],
+        compress_rates={CSA: 4, HCA: 128},
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=512,
+        n_routed_experts=256,
+        num_experts_per_tok=6,
+        n_shared_experts=1,
+        moe_intermediate_size=2048,
+        num_hash_layers=3,
+        scoring_func="sqrtsoftplus",
+        routed_scaling_factor=1.5,
+        swiglu_limit=10.0,
+        hc_mult=4,
+        hc_sinkhorn_iters=20,
+        hc_eps=1e-6,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        compress_rope_theta=1.6e5,
+        max_position_embeddings=1048576,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 16.0,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        bos_token_id=0,
+        eos_token_id=1,
     )
     cfg = DeepseekV4Config(**{**kw, **overrides})
     cfg._attn_implementation = "eager"
@@ -45,20 +83,60 @@ def hf_config(num_layers: int = 4, **overrides):
 def official_config(hf_cfg) -> dict:
     """The same model as an official-format config.json dict (FP8 linears, FP4 experts)."""
     rates = {SWA: 0, CSA: 4, HCA: 128}
-    keys = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "qk_rope_head_dim",
-            "q_lora_rank", "o_groups", "o_lora_rank", "sliding_window", "index_n_heads", "index_head_dim",
-            "index_topk", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
-            "scoring_func", "routed_scaling_factor", "swiglu_limit", "hc_mult", "hc_sinkhorn_iters", "hc_eps",
-            "rms_norm_eps", "compress_rope_theta", "max_position_embeddings", "bos_token_id", "eos_token_id")
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "qk_rope_head_dim",
+        "q_lora_rank",
+        "o_groups",
+        "o_lora_rank",
+        "sliding_window",
+        "index_n_heads",
+        "index_head_dim",
+        "index_topk",
+        "n_routed_experts",
+        "n_shared_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "scoring_func",
+        "routed_scaling_factor",
+        "swiglu_limit",
+        "hc_mult",
+        "hc_sinkhorn_iters",
+        "hc_eps",
+        "rms_norm_eps",
+        "compress_rope_theta",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+    )
     d = {k: getattr(hf_cfg, k) for k in keys}
     d.update(
-        model_type="deepseek_v4", num_hidden_layers=hf_cfg.num_hidden_layers, num_nextn_predict_layers=0,
-        num_hash_layers=3, rope_theta=1e4, compress_ratios=[rates[t] for t in hf_cfg.layer_types],
-        rope_scaling={"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32,
-                      "beta_slow": 1},
-        expert_dtype="fp4", norm_topk_prob=True,
-        quantization_config={"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                             "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+        model_type="deepseek_v4",
+        num_hidden_layers=hf_cfg.num_hidden_layers,
+        num_nextn_predict_layers=0,
+        num_hash_layers=3,
+        rope_theta=1e4,
+        compress_ratios=[rates[t] for t in hf_cfg.layer_types],
+        rope_scaling={
+            "type": "yarn",
+            "factor": 16.0,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        expert_dtype="fp4",
+        norm_topk_prob=True,
+        quantization_config={
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+        },
     )
     return d
 

@@ -22,7 +22,16 @@ reference's on these inputs. Impls: `fast-triton` (the default, synced: one host
 launch's programs reordered, session 5), `fast-overlapc-graph` / `fast-overlapc4-graph` (the overlapped
 combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE=wide / wide4: 2x / 4x the tokens per reduce program, session 5,
 run last under a hard timeout; set beside `fast-overlap-graph`), `fast-torch` (fallback movers), `nccl-reference`,
-`nccl-a2a-only`. `--cases` runs a subset (e.g. `--cases nosync,reference,overlap,overlap2`).
+`nccl-a2a-only`. Session 6 (opt-in variants, each under its own timeout, set beside the defaults of the same run):
+`fast-overlape` / `fast-overlape-graph` (the mixed order with DEEPINFER_DEEP_EP_OVERLAP_DISPATCH=early: the count
+column flagged before the rest of the row), `fast-overlapf` / `fast-overlapf-graph` (=fused: early + the layout
+scan inside the dispatch launch), both beside `fast-overlap2-graph` (the default dispatch), and in the
+`overlapc` case `fast-overlapcb-graph` (the default "base" combine again, same buffer: the noise floor),
+`fast-overlapcf-graph` ("fold": the epoch bump folded into the one combine launch), `fast-overlapcwf-graph`
+("wide_fold"), `fast-overlapcs2-graph` ("send2": 2x the send programs), `fast-overlapcwfs2-graph`
+("wide_fold_send2"); `dispatch layout scan` / `fast-overlap-layout-graph` (the layout launch alone); case `diag`
+(last): `dispatch bf16 diag` / `fast-overlap2-{no_self,no_copyout,push_only}-graph`, the default dispatch with
+roles doing nothing (WRONG results, timing only). `--cases` runs a subset (e.g. `--cases nosync,reference,overlap`).
 The JSON (rank 0) is written after every case, so a partial run leaves a file; each rank exits after
 DEADLINE_S (170 s).
 Low-latency mode at 1 / 32 / 128 tokens per rank: dispatch bf16 / FP8, combine, and dispatch (FP8) +
@@ -68,8 +77,18 @@ DEADLINE_S = 170.0  # a rank still running then exits (a hung collective must no
 FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": (1, 32, 128)}
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
-CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2", "overlapc")  # run order; --cases
-CASE_TIMEOUT_S = 40.0  # "overlapc" (last): a rank still in it then saves and exits
+CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2", "overlape", "overlapc", "diag")
+CASE_TIMEOUT_S = 40.0  # "overlape" / "overlapc" (last, opt-in): a rank still in one then saves and exits
+# the combine configs of the "overlapc" case (DEEPINFER_DEEP_EP_OVERLAP_COMBINE) -> impl name of their rows
+COMBINE_ROWS = {
+    "wide": "fast-overlapc",
+    "wide4": "fast-overlapc4",
+    "base": "fast-overlapcb",
+    "fold": "fast-overlapcf",
+    "wide_fold": "fast-overlapcwf",
+    "send2": "fast-overlapcs2",
+    "wide_fold_send2": "fast-overlapcwfs2",
+}
 CASES_ENV = "DEEPINFER_EP_BENCH_CASES"  # how --cases reaches the rank processes
 
 
@@ -329,7 +348,94 @@ def bench_nosync(run: Run) -> None:
     buf.destroy()
 
 
-def bench_overlap(run: Run, order: str = "serial") -> None:
+@contextlib.contextmanager
+def _watchdog(run: Run, name: str, seconds: float):
+    """A case that must not stall the GPU session (a wait spinning to its limit): past `seconds` this rank
+    saves the JSON and exits."""
+    timer = threading.Timer(seconds, lambda: (log(f"{name}: over {seconds} s, exiting"), run.save(), os._exit(3)))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def bench_overlap_dispatch_configs(run: Run) -> None:
+    """The overlapped dispatch with the mixed order (the default) and each session-6 config of
+    DEEPINFER_DEEP_EP_OVERLAP_DISPATCH (opt-in): "early" (rows `fast-overlape`, `fast-overlape-graph`, GPU stages)
+    and "fused" (`fast-overlapf`, `fast-overlapf-graph`, GPU stages); beside `fast-overlap2-graph` (the default)."""
+    from deepinfer.deep_ep import _overlap
+
+    if not run.smoke:  # the interpreter has no graphs
+        bench_layout_scan(run)
+    try:
+        with _watchdog(run, "overlape", 2 * CASE_TIMEOUT_S):
+            for config, impl in (("early", "fast-overlape"), ("fused", "fast-overlapf")):
+                if run.smoke and config != "fused":  # the interpreter is slow; fused takes early's paths too
+                    continue
+                os.environ[_overlap.DISPATCH_ENV] = config
+                bench_overlap(run, "mixed", impl=impl)
+    finally:
+        os.environ.pop(_overlap.DISPATCH_ENV, None)
+
+
+def bench_dispatch_diag(run: Run) -> None:
+    """Diagnostics (WRONG results, timing only): the default dispatch (mixed order, base config) with the own-block
+    copy and / or the copy-out programs doing nothing (DEEPINFER_DEEP_EP_OVERLAP_DIAG, `overlap.DIAGS`), dispatch
+    bf16 replayed from a CUDA graph: rows `dispatch bf16 diag` with impl `fast-overlap2-<diag>-graph`, to set
+    beside `fast-overlap2-graph` (all roles): what the own-block copy and the copy-out add to the push."""
+    from deepinfer.deep_ep import _overlap
+
+    os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    c = run.cfg
+    worst = c["tokens"] * run.world
+    buf = Buffer(run.group)
+    args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
+            "overlap": True}  # fmt: skip
+    try:
+        with _watchdog(run, "diag", CASE_TIMEOUT_S):
+            for diag in ("no_self", "no_copyout", "push_only"):
+                if run.smoke and diag != "push_only":  # the interpreter is slow; push_only skips both roles
+                    continue
+                os.environ[_overlap.DIAG_ENV] = diag
+                kw = {"matches_reference": None, "path": f"overlap/mixed/diag-{diag} (wrong results: timing only)"}
+                fn = lambda: buf.dispatch(run.x, **args)  # noqa: E731
+                try:
+                    handle = fn()[4]  # grows the buffers outside the graph
+                except Exception as exc:  # noqa: BLE001 - recorded; the next diag still runs
+                    log(traceback.format_exc())
+                    run.records.append(run.header("dispatch bf16 diag", f"fast-overlap2-{diag}", error=repr(exc), **kw))
+                    continue
+                if run.smoke or not handle.overlap:  # the interpreter has no graphs
+                    run.record("dispatch bf16 diag", f"fast-overlap2-{diag}", None, fn, **kw)
+                    continue
+                run.record("dispatch bf16 diag", f"fast-overlap2-{diag}-graph", None, fn, timer_mode="graph", **kw)
+    finally:
+        os.environ.pop(_overlap.DIAG_ENV, None)
+    buf.destroy()
+
+
+def bench_layout_scan(run: Run) -> None:
+    """Row `dispatch layout scan` / `fast-overlap-layout-graph`: the overlapped dispatch's layout launch alone
+    (`overlap.layout` on this run's top-k ids, its own scratch and epoch counter), replayed from a CUDA graph: what
+    the "fused" dispatch config can save at most, with the kernel boundary it removes."""
+    from deepinfer.deep_ep.backends.triton import overlap as ov
+
+    c, dev = run.cfg, run.device
+    t, e = c["tokens"], c["experts"]
+    idx = run.idx.to(torch.int64).contiguous()
+    nb = ov.num_blocks(t)
+    scratch = {n: torch.empty(m, dtype=torch.int64, device=dev) for n, m in
+               {"bcnt": run.world * nb, "bstat": nb * (2 + run.world), "bexp": nb * e}.items()}  # fmt: skip
+    lpos = torch.empty((run.world, t), dtype=torch.int64, device=dev)
+    lay = torch.empty((t, run.world), dtype=torch.bool, device=dev)
+    ctr = torch.zeros(4, dtype=torch.int64, device=dev)
+    fn = lambda: ov.layout(idx, None, lay, lpos, scratch, ctr, e)  # noqa: E731
+    run.record("dispatch layout scan", "fast-overlap-layout-graph", None, fn, timer_mode="graph")
+
+
+def bench_overlap(run: Run, order: str = "serial", impl: str | None = None) -> None:
     """The overlapped no-sync variant (the no-sync default since session 5), dispatch(num_worst_tokens=t * R,
     overlap=True) and its combine: rows `fast-overlap` (eager) and `fast-overlap-graph` (CUDA-graph replays) to
     set beside fast-nosync(-graph), and its GPU stages (dispatch: layout, overlap; combine: overlap). Cached
@@ -340,7 +446,7 @@ def bench_overlap(run: Run, order: str = "serial") -> None:
     os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
     os.environ[_overlap.ORDER_ENV] = order
     try:
-        _bench_overlap(run, "fast-overlap" if order == "serial" else "fast-overlap2")
+        _bench_overlap(run, impl or ("fast-overlap" if order == "serial" else "fast-overlap2"))
     finally:
         os.environ.pop(_overlap.ORDER_ENV, None)
 
@@ -358,7 +464,8 @@ def _bench_overlap(run: Run, impl: str) -> None:
     used = "reference (fast path unavailable)"
     if buf._fast:
         used = f"{type(buf._fast).__name__}/{buf._fast.impl}/" + ("overlap" if handle.overlap else "nosync")
-        used += "/mixed" if handle.overlap and impl == "fast-overlap2" else ""
+        used += "/mixed" if handle.overlap and impl != "fast-overlap" else ""
+        used += {"fast-overlape": "/early", "fast-overlapf": "/fused"}.get(impl, "") if handle.overlap else ""
     kw = {"matches_reference": matches, "path": used, "num_worst_tokens": worst}
     if run.rank == 0:
         log(f"{impl}: compiled + checked in {time.time() - t0:.1f} s ({used})")
@@ -384,15 +491,16 @@ def _bench_overlap(run: Run, impl: str) -> None:
 
 
 def bench_overlap_combine(run: Run) -> None:
-    """The overlapped combine with its reduce configs (DEEPINFER_DEEP_EP_OVERLAP_COMBINE, `overlap.COMBINE_CONFIGS`):
-    rows `fast-overlapc-graph` ("wide") and `fast-overlapc4-graph` ("wide4"), combine bf16 replayed from a CUDA
-    graph, each checked bit for bit against the reference first, and its GPU stages; to set beside
-    `fast-overlap-graph` ("base", the default) of the same run. Last in the run, under CASE_TIMEOUT_S: a hang
+    """The overlapped combine with its configs (DEEPINFER_DEEP_EP_OVERLAP_COMBINE, `overlap.COMBINE_CONFIGS`): rows
+    `<COMBINE_ROWS[config]>-graph` (wide, wide4; session 6: base again, fold, wide_fold, send2, wide_fold_send2),
+    combine bf16 replayed from a CUDA graph, each checked bit for bit against the reference first, and its GPU
+    stages; to set beside `fast-overlap-graph` / `fast-overlap2-graph` ("base", the default) of the same run and
+    `fast-overlapcb-graph` (base in this case's buffer). Last in the run, under 2 x CASE_TIMEOUT_S: a hang
     (a wait spinning to its limit) saves the JSON and exits this rank instead of stalling the GPU session."""
     from deepinfer.deep_ep import _overlap
 
     os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
-    watchdog = threading.Timer(CASE_TIMEOUT_S, lambda: (log(f"overlapc: over {CASE_TIMEOUT_S} s, exiting"),
+    watchdog = threading.Timer(2 * CASE_TIMEOUT_S, lambda: (log(f"overlapc: over {2 * CASE_TIMEOUT_S} s, exiting"),
                                                         run.save(), os._exit(3)))  # fmt: skip
     watchdog.daemon = True
     watchdog.start()
@@ -402,7 +510,9 @@ def bench_overlap_combine(run: Run) -> None:
     args = {"topk_idx": run.idx, "topk_weights": run.w, "num_experts": c["experts"], "num_worst_tokens": worst,
             "overlap": True}  # fmt: skip
     try:
-        for config, impl in (("wide", "fast-overlapc"), ("wide4", "fast-overlapc4")):
+        for config, impl in COMBINE_ROWS.items():
+            if run.smoke and config not in ("wide", "wide_fold_send2"):  # the interpreter is slow
+                continue
             os.environ[_overlap.COMBINE_ENV] = config
             t0 = time.time()
             matches = None if run.smoke else _compare(impl, lambda: _matches_worst(run, buf, worst, overlap=True))
@@ -660,8 +770,12 @@ def rank_main(smoke: bool, out: str | None, warmup: int, rep: int) -> None:
         bench_fast(run, "torch")  # the fallback movers: among the first things to lose to the deadline
     if "overlap2" in cases:  # last (opt-in order): a hang (the deadline exits) loses no other row
         bench_overlap(run, "mixed")  # the overlapped dispatch with the "mixed" launch order (session 5)
+    if "overlape" in cases:  # opt-in (session 6), under its own timeout
+        bench_overlap_dispatch_configs(run)  # the overlapped dispatch's session-6 configs (early, fused)
     if "overlapc" in cases:  # last too (opt-in configs), under its own timeout
         bench_overlap_combine(run)  # the overlapped combine's reduce configs (session 5, round 2)
+    if "diag" in cases:  # the very last (benchmark-only kernels, wrong results), under its own timeout
+        bench_dispatch_diag(run)  # the default dispatch with the own-block copy / copy-out doing nothing
     run.save()
     if run.rank == 0 and out:
         log(f"wrote {out}")

@@ -179,10 +179,15 @@ def _overlap_cases(results: list[tuple[str, bool]]) -> None:
             meta = (torch.zeros(cap, k, dtype=torch.int64), torch.zeros(cap, k), torch.zeros(cap, 1, dtype=torch.int64))
             handle = (torch.zeros(r, t, dtype=torch.int64), torch.zeros(r * t, dtype=torch.int64))
             mat, counts = torch.zeros(r * r + 2, dtype=torch.int64), torch.zeros(e // r, dtype=torch.int32)
-            for order in ov.ORDERS:
-                _attempt(results, f"overlap dispatch {tag} order={order}", ov.dispatch, bufs, 1, ctr, done, lay, cap,
+            cfgs = [(o, "base", None) for o in ov.ORDERS] + [("mixed", "early", None), ("mixed", "fused", None)]
+            for order, config, given in cfgs + [("mixed", "fused", layout)]:
+                _attempt(results, f"overlap dispatch {tag} order={order} config={config} given={given is not None}",
+                         ov.dispatch, bufs, 1, ctr, done, lay, cap, lpos, scratch, xs, idx, w, handle, outs, meta, mat,
+                         counts, e, 3, [1, 4096, 0, k, cap], 1 << 27, order, config, given, layout)  # fmt: skip
+            for diag in [d for d in ov.DIAGS if d and r == 2 and not fp8]:  # benchmark-only kernels
+                _attempt(results, f"overlap dispatch {tag} diag={diag}", ov.dispatch, bufs, 1, ctr, done, lay, cap,
                          lpos, scratch, xs, idx, w, handle, outs, meta, mat, counts, e, 3, [1, 4096, 0, k, cap],
-                         1 << 27, order)  # fmt: skip
+                         1 << 27, "mixed", "base", None, layout, diag)  # fmt: skip
         for weights in (False, True):
             fields = [torch.zeros(cap, 4096, dtype=torch.bfloat16)] + ([torch.zeros(cap, k)] if weights else [])
             crb = [f.shape[1] * f.element_size() for f in fields]

@@ -192,6 +192,75 @@ def run_overlap_combine(group: dist.ProcessGroup, seed: int) -> None:
     buf.destroy()
 
 
+DISPATCH_CONFIGS = ("early", "fused")  # the session-6 dispatch configs (DEEPINFER_DEEP_EP_OVERLAP_DISPATCH)
+
+
+def run_overlap_dispatch_configs(group: dist.ProcessGroup, seed: int) -> None:
+    """The overlapped dispatch with each session-6 config (`DISPATCH_CONFIGS`, then the default once more: the
+    epochs stay in step whichever launch advances them) against the reference, bit for bit: on CPU one case per
+    config, on GPUs V4-Flash shapes (uneven ranks incl. an empty one) and, for fused, 7168 x top-8 of 64 and
+    CUDA-graph replays of dispatch + combine == eager (fused advances the epoch inside its one launch)."""
+    from deepinfer.deep_ep import _overlap
+
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "nccl":
+        os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    buf = Buffer(group)
+    cpu = buf_device(buf).type == "cpu"
+    try:
+        for i, config in enumerate((*DISPATCH_CONFIGS, "base")):
+            os.environ[_overlap.DISPATCH_ENV] = config
+            if cpu:
+                check_worst_vs_reference(buf, seed + i, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=True)
+                continue
+            counts = [4096, 0, 1000, 77, 5, 9, 2048, 1][:world]
+            check_worst_vs_reference(buf, seed + i, 4096, 256, 6, counts, overlap=True)
+            if config == "base":
+                continue
+            if config == "fused":  # (fused runs every code path of early, and its own: the time budget)
+                check_worst_vs_reference(buf, seed + 10 + i, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world],
+                                         overlap=True)  # fmt: skip
+                worst_graph_equals_eager(buf, seed + 20 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
+                                         overlap=True)  # fmt: skip
+        assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
+    finally:
+        os.environ.pop(_overlap.DISPATCH_ENV, None)
+    buf.destroy()
+
+
+FOLD_CONFIGS = ("fold", "wide_fold", "send2", "wide_fold_send2")  # the session-6 combine configs, in this order
+# (a folding config after a bumping one and back: the epochs must stay in step whichever launch advances them)
+
+
+def run_overlap_fold(group: dist.ProcessGroup, seed: int) -> None:
+    """The overlapped combine with each session-6 config (`FOLD_CONFIGS`) against the reference, bit for bit: on
+    CPU token counts that give several send / reduce programs and a partial last one, then the default once more
+    (epochs in step); on GPUs V4-Flash shapes with an empty rank, and for wide_fold_send2 CUDA-graph replays of
+    dispatch + combine == eager (the folded epoch must advance on every replay)."""
+    from deepinfer.deep_ep import _overlap
+
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "nccl":
+        os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
+    buf = Buffer(group)
+    cpu = buf_device(buf).type == "cpu"
+    try:
+        for i, config in enumerate((*FOLD_CONFIGS, "base")):
+            os.environ[_overlap.COMBINE_ENV] = config
+            if cpu:
+                check_overlap_combine_vs_reference(buf, seed + i, 128, 8 * world, 4, [150, 70, 0, 9][:world])
+                continue
+            counts = [1000, 4096, 0, 77, 5, 9, 2048, 1][:world]
+            check_overlap_combine_vs_reference(buf, seed + i, 4096, 256, 6, counts)
+            if config == "wide_fold_send2":  # (every code path of fold, wide_fold and send2: the time budget)
+                worst_graph_equals_eager(buf, seed + 10 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
+                                         overlap=True)  # fmt: skip
+        assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
+    finally:
+        os.environ.pop(_overlap.COMBINE_ENV, None)
+    buf.destroy()
+
+
 # name -> (scenario, torch.distributed backend)
 SCENARIOS = {
     "all": (run_all, "gloo"),
@@ -205,6 +274,10 @@ SCENARIOS = {
     "overlapmixedcuda": (run_overlap_mixed, "nccl"),
     "overlapcomb": (run_overlap_combine, "gloo"),
     "overlapcombcuda": (run_overlap_combine, "nccl"),
+    "overlapdisp": (run_overlap_dispatch_configs, "gloo"),
+    "overlapdispcuda": (run_overlap_dispatch_configs, "nccl"),
+    "overlapfold": (run_overlap_fold, "gloo"),
+    "overlapfoldcuda": (run_overlap_fold, "nccl"),
 }
 
 

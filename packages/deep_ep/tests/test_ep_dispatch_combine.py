@@ -52,3 +52,18 @@ def test_overlap_combine_configs_gloo_shm_2_ranks() -> None:
     reduce program; the worker sets each) on 2 processes: bit-exact with the reference."""
     env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
     launch(2, seed=89, timeout_s=150.0, env=env, scenario="overlapcomb")
+
+
+def test_overlap_dispatch_configs_gloo_shm_3_ranks() -> None:
+    """The overlapped dispatch with DEEPINFER_DEEP_EP_OVERLAP_DISPATCH = early / fused (session 6: the rows per rank
+    published first with their own flag; + the layout scan inside the launch; the worker sets each) on 3
+    processes, then 2: bit-exact with the reference."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    launch(3, seed=83, timeout_s=150.0, env=env, scenario="overlapdisp")
+
+
+def test_overlap_combine_fold_configs_gloo_shm_2_ranks() -> None:
+    """The overlapped combine with the session-6 configs (fold, wide_fold, send2, wide_fold_send2; the worker sets
+    each) on 2 processes: bit-exact with the reference, and the epochs stay in step across configs."""
+    env = {"DEEPINFER_DEEP_EP_BACKEND": "triton", "TRITON_INTERPRET": "1", "DEEPINFER_DEEP_EP_IMPL": "triton"}
+    launch(2, seed=85, timeout_s=150.0, env=env, scenario="overlapfold")

@@ -53,3 +53,21 @@ def test_overlap_combine_configs_two_gpus() -> None:
     """The overlapped combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE = wide / wide4 (session 5, passed in round 3;
     the worker sets each): dispatch + combine bit-exact vs NCCL at V4-Flash shapes, graph replays == eager."""
     launch(2, seed=97, timeout_s=240.0, env=NO_MULTICAST, scenario="overlapcombcuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_overlap_dispatch_configs_two_gpus() -> None:
+    """The overlapped dispatch with DEEPINFER_DEEP_EP_OVERLAP_DISPATCH = early / fused (session 6, opt-in; the
+    worker sets each; mixed order, the default) vs the NCCL reference at V4-Flash shapes (uneven ranks incl. an
+    empty one; fused also 7168 x top-8 of 64 and CUDA-graph replays == eager), then the default (epochs in step)."""
+    launch(2, seed=95, timeout_s=240.0, env=NO_MULTICAST, scenario="overlapdispcuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_overlap_combine_fold_configs_two_gpus() -> None:
+    """The overlapped combine with DEEPINFER_DEEP_EP_OVERLAP_COMBINE = fold / wide_fold / send2 / wide_fold_send2
+    (session 6, opt-in; the worker sets each): combine bit-exact vs NCCL at V4-Flash shapes; for wide_fold_send2 a
+    CUDA graph of dispatch + combine replayed 3 times == eager (the folded epoch must advance on every replay)."""
+    launch(2, seed=99, timeout_s=240.0, env=NO_MULTICAST, scenario="overlapfoldcuda")

@@ -158,7 +158,23 @@ def test_combine_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in ov.COMBINE_CONFIGS:
         monkeypatch.setenv(_overlap.COMBINE_ENV, name)
         assert _overlap.combine_config() == name
-    assert ov.COMBINE_CONFIGS["base"] == 1 and all(isinstance(v, int) and v >= 1 for v in ov.COMBINE_CONFIGS.values())
+    assert ov.COMBINE_CONFIGS["base"] == (1, 1, False)
+    for red, send, fold in ov.COMBINE_CONFIGS.values():
+        assert isinstance(red, int) and red >= 1 and isinstance(send, int) and send >= 1 and isinstance(fold, bool)
     monkeypatch.setenv(_overlap.COMBINE_ENV, "narrow")
     with pytest.raises(ValueError, match=_overlap.COMBINE_ENV):
         _overlap.combine_config()
+
+
+def test_dispatch_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPINFER_DEEP_EP_OVERLAP_DISPATCH picks the dispatch launch's config ("base" unless set); a bad value raises
+    naming the variable; "fused" implies "early"; the early flags sit in the head, clear of the count flags."""
+    monkeypatch.delenv(_overlap.DISPATCH_ENV, raising=False)
+    assert _overlap.dispatch_config() == "early" and ov.DISPATCH_CONFIGS["base"] == (False, False)
+    for name, (early, fused) in ov.DISPATCH_CONFIGS.items():
+        monkeypatch.setenv(_overlap.DISPATCH_ENV, name)
+        assert _overlap.dispatch_config() == name and (early or not fused)
+    assert ov.FLAG_CNT.value + 8 <= ov.FLAG_EARLY.value and 8 * (ov.FLAG_EARLY.value + 8) <= HEAD_BYTES
+    monkeypatch.setenv(_overlap.DISPATCH_ENV, "late")
+    with pytest.raises(ValueError, match=_overlap.DISPATCH_ENV):
+        _overlap.dispatch_config()

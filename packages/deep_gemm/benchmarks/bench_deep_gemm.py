@@ -32,6 +32,8 @@ if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chose
     os.environ.setdefault("DEEPINFER_DEEP_GEMM_BACKEND", "triton")
 
 import bench_cases as bc  # noqa: E402
+import bench_w4a8_cases as w4a8c  # noqa: E402
+import bench_w4a16_mem as w4m  # noqa: E402
 import torch  # noqa: E402
 
 from deepinfer.deep_gemm.backends.cuda.w4a8_configs import W4A8Config  # noqa: E402
@@ -48,7 +50,8 @@ def log(msg: str) -> None:
 def _check_out(case: bc.Case, impl: str, rec: dict, first: list) -> None:
     """W4A16 configs all write case.out: record calc_diff of each result vs the first config's (0 = identical;
     a wrong config shows as ~1). Only the first 4096 rows are compared (memory)."""
-    if case.out is None or not impl.startswith("dg_w4a16") or rec["error"]:
+    prefix = "dg_w4a8" if case.op == w4a8c.OP else "dg_w4a16"  # the w4a8_cuda cases share out among dg_w4a8 rows
+    if case.out is None or not impl.startswith(prefix) or rec["error"]:
         return
     got = case.out[:4096].float()
     if not first:
@@ -123,6 +126,12 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int, only: str = "a
         ]
         if only == "w4a16_dq":
             builders = builders[-1:]
+        if only == "w4a8_cuda":  # on CPU the CUDA impls fall back (reference): checks the case plumbing only
+            builders = [lambda: w4a8c.w4a8_cuda_cases(dev, (40,), {"tiny": (128, 256)}, 3)]
+    elif only == "w4a8_cuda":  # the FP8-wgmma W4A8 kernel vs its Triton default and the FP8 API, 64 / 256 / 1024
+        builders = [lambda: w4a8c.w4a8_cuda_cases(dev, w4a8c.W4A8_TPE, bc.EXPERT_NK, bc.NUM_EXPERTS)]
+    elif only == "w4a16_mem":  # session 6: the memory-bound W4A16 goal cases, with W4A16 vs FP8 in alternating rounds
+        builders = [lambda: w4m.mem_cases(dev)]
     elif only == "w4a16_dq":  # the session-5-prepared W4A16 dq path vs the default and FP8, 64 / 256 / 1024 per expert
         builders = [lambda: bc.w4a16_dq_cases(dev, bc.DQ_TPE, bc.EXPERT_NK, bc.NUM_EXPERTS)]
     else:
@@ -149,6 +158,7 @@ def run(out_path: str | None, smoke: bool, warmup: int, rep: int, only: str = "a
                 records.append({"op": case.op, "shape": case.shape, "impl": None, "error": "skipped: time budget"})
                 continue
             recs = _time_case(case, warmup, rep)
+            w4m.maybe_interleave(case, meta, smoke, log)  # goal cases: default vs FP8 API in alternating rounds
             records += recs
             for r in recs:
                 what = r["error"] or f"{r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS {r['gbps']:7.0f} GB/s"
@@ -191,7 +201,7 @@ def table(path: str) -> str:
             f"| {r['op']} | {shape} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f} | {r['gbps']:.0f} "
             f"| {r['pct_of_ceiling']:.0f} ({r['bound']}) | {xs} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + w4m.table_lines(doc["meta"]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,9 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rep", type=int, default=20)
     p.add_argument(
         "--cases",
-        choices=("all", "w4a16_dq"),
+        choices=("all", "w4a16_dq", "w4a8_cuda", "w4a16_mem"),
         default="all",
-        help="w4a16_dq: only the W4A16 dequantise-then-CUTLASS cases (64 / 256 / 1024 tokens per expert)",
+        help="w4a16_dq: only the W4A16 dequantise-then-CUTLASS cases (64 / 256 / 1024 tokens per expert); "
+        "w4a8_cuda: only the W4A8 FP8-wgmma CUDA kernel vs its Triton default and the FP8 grouped API; "
+        "w4a16_mem: only the memory-bound W4A16 goal cases (8 per expert, decode batch 256) with alternating rounds",
     )
     args = p.parse_args(argv)
     if args.table:

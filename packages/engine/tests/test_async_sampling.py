@@ -1,4 +1,5 @@
-"""DEEPINFER_ASYNC_SAMPLING=1: sampling on the device, the next decode step launched before the tokens are read.
+"""DEEPINFER_ASYNC_SAMPLING (on by default; "0" off): sampling on the device, the next decode step launched before
+the tokens are read.
 
 Every test runs the same requests with the flag off and on and asks for identical outputs (tokens, text, finish
 and stop reasons), and checks that steps really were launched ahead (and, where a sequence stops early, dropped).
@@ -73,6 +74,8 @@ def _mixed_params(count: int, gen: torch.Generator, caps: tuple[int, int] = (3, 
 
 def test_flag_parsing(monkeypatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
+    assert async_sampling_enabled() is True  # the default since session 6
+    monkeypatch.setenv(ENV, "0")
     assert async_sampling_enabled() is False
     monkeypatch.setenv(ENV, "1")
     assert async_sampling_enabled() is True

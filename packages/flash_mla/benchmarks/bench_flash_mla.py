@@ -5,6 +5,7 @@
     python packages/flash_mla/benchmarks/bench_flash_mla.py --smoke             # CPU, tiny shapes (interpreter)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --table RESULT.json # README markdown table (all rows)
     python packages/flash_mla/benchmarks/bench_flash_mla.py --summary RESULT.json  # README key-shape table
+    python packages/flash_mla/benchmarks/bench_flash_mla.py --opt-summary RESULT.json  # ws3p option builds (session 6)
 
 Shapes: 64 heads, d = 512, softmax scale 512^-0.5, a per-head sink. Decode: b in {1, 2, 32, 64, 128, 256} x s_q in {1,
 2, 4} (2 and 64 only at s_q = 2, FlashMLA's measured points), 640 indices per query token: the request's 128 window rows
@@ -32,7 +33,10 @@ kernel="cuda_ws3"; with `--all-variants` also the settled session-4 variants `cu
 forced splits, ws3's own `cuda_ws3[_fp8]_s2` / `_s3` at b = 64 / 128 x s_q = 2 and b = 32 x s_q = 4; the
 persistent ws3 `cuda_ws3p[_fp8]` (variant ws3p: min(#SMs, work items) CTAs looping over (token, split) items; session 5
 round 5, not yet GPU-run) at every case where `cuda_ws3` runs, decode_wave included, its `x_vs_cuda_ws3_same_cache` =
-the persistent grid's gain; at
+the persistent grid's gain; ws3p's session-6 option builds `cuda_ws3pl` / `pe` / `px` / `p1` / `p1l` (BF16 and FP8)
+and `cuda_ws3pw_fp8` (cuda_ws_decode.WS3P_OPTS: lazy O rescale, early next-tile scores, all three; one scoring
+warpgroup, + lazy; wide FP8 producer batch; all but p1 / p1l bit-identical to ws3p; not yet GPU-run) at b = 32 /
+128 / 256 x s_q = 2 and prefill t = 4,096 (`_WS3P_OPT_CASES`), `cuda_ws3px[_fp8]_l2hot` at b = 128 s_q = 2; at
 b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
 modes producer / consumer (all variants) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by
 design: where the time goes), `legacy` (triton_sparse_attn, 32 heads per program, BF16), `reference` (gather + fp32
@@ -211,10 +215,13 @@ def _ws_impls(
         for n, mode in [(None, "full")] + [(n, "full") for n in v_splits] + [(None, m) for m in modes]:
             base = f"cuda_{variant}" + (f"_s{n}" if n else "") + ("" if mode == "full" else f"_abl_{mode}")
             kw = dict(num_splits=n, variant=variant, ablation=mode)
-            fns[base] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, c, i, s, SCALE, **kw)
+            if variant not in _FP8_ONLY:  # ws3pw on a BF16 cache is ws3p's kernel itself: no row
+                fns[base] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, c, i, s, SCALE, **kw)
             if fp8_cache is not None:
                 fns[f"{base}_fp8"] = lambda q, c, i, s, kw=kw: ws.sparse_attn_ws(q, fp8_cache, i, s, SCALE, **kw)
-            probe_of.update({base: variant, f"{base}_fp8": variant} if mode == "full" else
+            # the ws3p option builds share one probe child (all four checked there)
+            key = ",".join(ws.WS3P_OPT_VARIANTS) if variant in ws.WS3P_OPT_VARIANTS else variant
+            probe_of.update({base: key, f"{base}_fp8": key} if mode == "full" else
                             {base: "ablations", f"{base}_fp8": "ablations"})  # fmt: skip
     for key in sorted(set(probe_of.values())):
         if key not in _PROBE:
@@ -226,7 +233,7 @@ def _ws_impls(
                 ok, out = ws.probe(timeout_s=60.0, variant=key)  # a hang costs <= 60 s of the run
             _PROBE[key] = None if ok else f"warp-specialised kernel probe ({key}) failed: {out[-400:]}"
             _log(f"cuda_ws kernel {key}: available={ws.available()} probe={_PROBE[key] or 'ok or n/a'}")
-    bad = {k: _PROBE[probe_of[k]] for k in fns}
+    bad = {k: _PROBE[probe_of[k]] for k in fns}  # (a probe key with no row left, e.g. ws3pw's BF16 one, is unused)
     return {k: (lambda q, c, i, s, why=bad[k]: _raise(why)) if bad[k] else fn for k, fn in fns.items()}
 
 
@@ -252,6 +259,11 @@ def _ws3_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
 _WAVE_ROWS = ("cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3p", "cuda_ws3p_fp8", "reference")
 
 _PROBE: dict[str, str | None] = {}
+
+# ws3p option builds (session 6; cuda_ws_decode.WS3P_OPTS, each bit-identical to ws3p): rows `cuda_<variant>[_fp8]` next
+# to `cuda_ws3` / `cuda_ws3p` at these cases only (b = 32 / 128 / 256 x s_q = 2 and prefill t = 4,096: BF16 and FP8).
+_WS3P_OPT_CASES = (("decode", 32, 2), ("decode", 128, 2), ("decode", 256, 2), ("prefill", 4096, 1))
+_FP8_ONLY = ("ws3pw",)  # only changes the FP8 producer (on a BF16 cache it runs ws3p's kernel)
 
 
 def _cuda_probe_error() -> str | None:
@@ -390,6 +402,8 @@ def run_case(
         # ws3 (ws / ws2's prefill ablations were measured in session 4)
         # ws3p (persistent ws3, session 5 round 5, not yet GPU-run): next to ws3 at every case where ws3 runs
         ws_vars = ("ws", "ws2", "ws3", "ws3p") if cfg.get("all_variants") else ("ws3", "ws3p")
+        if (op, b, s_q) in _WS3P_OPT_CASES:  # session 6: ws3p's option builds, side by side with ws3 / ws3p
+            ws_vars += ("ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")
         abl = {("decode", 128, 2): ws_vars, ("prefill", 4096, 1): ("ws3",)}.get((op, b, s_q), ())
         impls.update(_ws_impls(fp8, _ws_splits(op, b, s_q) if variants else (), abl, ws_vars, _ws3_splits(op, b, s_q)))
     if op == "decode_wave":
@@ -429,7 +443,7 @@ def run_case(
 # session 5, BF16 66.8) get faster (latency-bound: prefetch further) or not (bound by its own instructions)?
 _L2HOT = ("split", "split_fp8", "chunked_fp8", "cuda", "cuda_fp8", "cuda_ws", "cuda_ws_fp8", "cuda_ws2", "cuda_ws2_fp8",
           "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3_abl_producer", "cuda_ws3_abl_producer_fp8",
-          "cuda_ws3p", "cuda_ws3p_fp8")  # fmt: skip
+          "cuda_ws3p", "cuda_ws3p_fp8", "cuda_ws3px", "cuda_ws3px_fp8")  # fmt: skip
 
 
 def _l2_hot(impls: dict, idx2: torch.Tensor) -> dict:
@@ -635,6 +649,32 @@ def summary(path: str) -> str:
     return "\n".join(lines)
 
 
+_OPT_ROWS = ("ws3p", "ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")  # ws3p and its session-6 option builds
+
+
+def opt_summary(path: str) -> str:
+    """Session-6 table of a saved result: at each `_WS3P_OPT_CASES` case and cache, ws3 / ws3p and ws3p's option builds
+    (time in us (TFLOPS), then "x ws3p" = ws3p time / this time: > 1 is faster than ws3p), L2-hot rows included."""
+    by: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in json.loads(pathlib.Path(path).read_text())["records"]:
+        by.setdefault((r["op"], r["shape"]), {})[r["impl"]] = r
+    head = ["op", "shape", "cache", "`cuda_ws3`", "`cuda_ws3p`"] + [f"`cuda_{v}` (x ws3p)" for v in _OPT_ROWS[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (op, shape), rows in by.items():
+        for sfx, cache in (("", "BF16"), ("_fp8", "FP8"), ("_l2hot", "BF16 L2-hot"), ("_fp8_l2hot", "FP8 L2-hot")):
+            names = [f"cuda_{v}{sfx}" for v in _OPT_ROWS[1:]]
+            if not any(n in rows for n in names):
+                continue
+            base = f"cuda_ws3p{sfx}"
+            cells = [op, shape, cache, _cell(rows.get(f"cuda_ws3{sfx}"), False), _cell(rows.get(base), False)]
+            for n in names:
+                r = _cell(rows.get(n), False)
+                x = _ratio(rows, base, n)
+                cells.append(f"{r} ({x})" if r and x else r)
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
@@ -642,7 +682,11 @@ def main() -> int:
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
     ap.add_argument("--summary", metavar="JSON", help="print the README's key-shape table of a saved result and exit")
     ap.add_argument("--all-variants", action="store_true", help="also time the warp-specialised ws / ws2 variants")
+    ap.add_argument("--opt-summary", metavar="JSON", help="print the ws3p option builds' table of a saved result")
     args = ap.parse_args()
+    if args.opt_summary:
+        print(opt_summary(args.opt_summary))
+        return 0
     if args.table:
         print(table(args.table))
         return 0

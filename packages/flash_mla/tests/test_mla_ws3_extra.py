@@ -504,15 +504,21 @@ def test_ws3_extra_graph_replay_gpu(fp8: bool) -> None:
 
 
 @pytest.mark.usefixtures("extra_present")
-def test_default_runs_ws3p_from_256_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Session 6: the default route runs the persistent ws3p from WS3P_MIN_TOKENS (256) query tokens without an extra
-    cache (ws3 below, and with an extra cache under the flag; ws3 when `_C` lacks ws3p)."""
+def test_default_runs_ws3p_family_from_64_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 6: the default route runs the ws3p family from WS3P_MIN_TOKENS (64) query tokens without an extra
+    cache: ws3p1l on BF16, ws3p1 on FP8 (plain ws3p when `_C` lacks the option builds, ws3 when it lacks ws3p); ws3
+    below and with an extra cache under the flag."""
     monkeypatch.setattr(_WS, "ws3p_available", lambda: True)
-    kv = _bf16(100, 512)
+    monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: True)
+    kv, fp8 = _bf16(100, 512), torch.zeros(100, 584, dtype=torch.uint8)
     q = _bf16(_WS.WS3P_MIN_TOKENS, 64, 512)
-    assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3p"
+    assert _WS.WS3P_MIN_TOKENS == 64
+    assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3p1l"
+    assert _dispatch.kernel_for(q, fp8, None) == "cuda_ws3p1"
     assert _dispatch.kernel_for(q[:-1], kv, None) == "cuda_ws3"
     monkeypatch.setenv(_WS.WS3_EXTRA_ENV, "1")
     assert _dispatch.kernel_for(q, kv, _bf16(3, 512)) == "cuda_ws3"
+    monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: False)
+    assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3p"
     monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
     assert _dispatch.kernel_for(q, kv, None) == "cuda_ws3"

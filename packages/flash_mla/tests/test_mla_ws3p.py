@@ -4,7 +4,7 @@ over (token, split, head block) items at a static stride).
 
 CPU: what the wrapper hands the binding (a stand-in `_C`), the grid plan, the probe's extra grid-cap cases, the
 benchmark's rows. The sm_90a compile check (registers, no spills) is test_mla_ws.py::
-test_ws3_source_compiles_for_sm90a_without_spills (10 instances, 2 of them ws3p).
+test_ws3_source_compiles_for_sm90a_without_spills (21 instances, 13 of them ws3p: 2 plain + 11 option builds).
 GPU: against the reference / float64 oracle and bit-for-bit against ws3 (same per-tile instructions, same order) at
 b 32 s_q 1, b 128 s_q 2 (auto plan, forced 3 splits, a small grid: several items per CTA) and prefill t 4,096, both
 caches, holes of every kind, NaN in every unused cache slot, NaN-poisoned outputs.

@@ -64,25 +64,53 @@ _ROUTE = _launcher("triton_route", "moe_route_triton")
 
 # quantiser configs (bit-exact to the default, see triton_quant's docstring): name -> kwargs of the launchers. i32c
 # (int32 indexing with groups_per_row a constexpr) is the launchers' default since after session 5's 14:30 run
-# (1.00-1.43x the old default at every count), so the API rows time it; i64: the old default (int64 `//` and `%` by
-# a runtime value; per_token_group_quant_fp8 with its old 8192-element tiles); pfN: N tiles per program, the next
-# tile's load issued before the current tile's stores (grid / N programs); tT_wW: T-element tiles of W warps
+# (1.00-1.43x the old default at every count), so the API rows time it; pfN: N tiles per program, the next tile's
+# load issued before the current tile's stores (grid / N programs); tT_wW: T-element tiles of W warps; lean
+# (session 6): triton_quant.quant_tile_store_lean, the same bytes with about half the SASS instructions per element
+# (sm_90a, Triton 3.6: 148 against 296 a thread for a [32, 128] bf16 tile of per_token_group_quant_fp8); persistN: a
+# persistent grid of N programs per SM striding over the tiles, the next tile's load before the current's stores
+# (55-59 registers at 8 warps: 4 programs per SM); leanx: lean with a non-finite group's NaN made by the multiply
+# (one select per group instead of one per element: relies on the GPU's canonical positive NaN). The int64
+# configs (`i64*`, the session-4 kernels) and i32c_t4096_w4_pf4 / i32c_t2048_w4_pf4 / i32c_pf4 (session 5) are no
+# longer timed: they decided the session-5 switch.
 _I32C = {"idx32": True, "const_gpr": True}
-_I64 = {"idx32": False, "const_gpr": False}
+_LEAN = {**_I32C, "lean": True}
 PTGQ_CONFIGS = {
-    "i64_t8192": {**_I64, "tile_elems": 8192},
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
-    "i32c_t4096_w4_pf4": {**_I32C, "tiles_per_program": 4, "tile_elems": 4096, "num_warps": 4},
+    "lean": _LEAN,
+    "lean_pf2": {**_LEAN, "tiles_per_program": 2},
+    "lean_w4": {**_LEAN, "num_warps": 4},
+    "lean_persist4": {**_LEAN, "persistent": 4},
+    "leanx": {**_I32C, "lean": 2},
 }
 KVQ_CONFIGS = {
-    "i64": _I64,
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
-    "i32c_t2048_w4_pf4": {**_I32C, "tiles_per_program": 4, "tile_elems": 2048, "num_warps": 4},
+    "lean": _LEAN,
+    "lean_pf2": {**_LEAN, "tiles_per_program": 2},
+    "lean_t8192": {**_LEAN, "tile_elems": 8192},
 }
 SWIGLU_FP8_CONFIGS = {
-    "i64": _I64,
     "i32c_pf2": {**_I32C, "tiles_per_program": 2},
-    "i32c_pf4": {**_I32C, "tiles_per_program": 4},
+    "lean": _LEAN,
+    "lean_pf2": {**_LEAN, "tiles_per_program": 2},
+    "lean_persist4": {**_LEAN, "persistent": 4},
+    "leanx": {**_I32C, "lean": 2},
+    "lean_ex2": {**_LEAN, "ftz_exp": True},  # + silu's exp as one ex2.approx.ftz (triton_act._exp_ftz, same bits)
+}
+
+
+# RoPE kv configs (same bits as the default, tests/test_rope_configs.py): bm4_w4 (4 rows / 4 warps, 0.93x in session
+# 5); session 6: cs_rt (the default kernel with the cos / sin strides unspecialised, so that cos / sin load straight
+# into the layout of the rotated columns instead of through shared memory and two barriers: one DRAM round trip per
+# program instead of three, see triton_rope._rope_kernel_cs_rt), cs_rt_bm4_w4, and row* (triton_rope._rope_row_kernel:
+# whole rows as one tile, rotated in registers; rows / warps per program). (bm8_w8 / late_rot: 0.89x / 0.92x in
+# sessions 4-5, no longer timed.)
+ROPE_KV_CONFIGS = {
+    "bm4_w4": {"block_m": 4, "num_warps": 4},
+    "cs_rt": {"cs_rt": True},
+    "cs_rt_bm4_w4": {"cs_rt": True, "block_m": 4, "num_warps": 4},
+    "row": {"row_tile": True},
+    "row_bm1_w1": {"row_tile": True, "block_m": 1, "num_warps": 1},
 }
 
 
@@ -182,14 +210,11 @@ KEEP_VARIANTS = (
 
 
 def _mhc_variants(fn: Callable, t: int, all_configs: bool = True) -> dict[str, Callable]:
-    """The API's two launches with the finish launch last-first (split_finish_rev: prepared in session 5, the same
-    bits; does the x the mix read last still hit L2?), then the one-launch kernel: impl="fused"'s best config of
-    session 4 for the size (spin_bt64 from 4,096 tokens when all_configs, i.e. mhc_pre; else spin)."""
+    """The one-launch kernel next to the API's two launches: impl="fused"'s best config of session 4 for the size
+    (spin_bt64 from 4,096 tokens when all_configs, i.e. mhc_pre; else spin). (split_finish_rev, the finish launch
+    last-first: 1.00x / 0.98x at 16,384 tokens in session 6, removed.)"""
     fused = MHC_FUSED_BEST[0] if all_configs and t >= 4096 else MHC_FUSED_BEST[1]
-    return {
-        "split_finish_rev": functools.partial(fn, impl="split", config="finish_rev"),
-        f"fused_{fused}": functools.partial(fn, impl="fused", config=fused),
-    }
+    return {f"fused_{fused}": functools.partial(fn, impl="fused", config=fused)}
 
 
 def _routing(dev: str, t: int, seed: int) -> torch.Tensor:
@@ -324,6 +349,7 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             variants={
                 "early_rot": functools.partial(_ROPE, early_rotate=True),
                 "late_rot": functools.partial(_ROPE, early_rotate=False),
+                "cs_rt": functools.partial(_ROPE, cs_rt=True),  # session 6: see ROPE_KV_CONFIGS
             },
             smoke_variants=False,  # 512 one-row programs at the smoke shape: ~20 s interpreted
         ),
@@ -333,10 +359,7 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             lambda: _rope_args(dev, _randn(dev, t, HEAD_DIM, seed=24)),
             tk.apply_rope_interleaved,
             ref.apply_rope_interleaved,
-            variants={
-                **{f"bm{bm}_w{w}": functools.partial(_ROPE, block_m=bm, num_warps=w) for bm, w in ((8, 8), (4, 4))},
-                "late_rot": functools.partial(_ROPE, early_rotate=False),  # the default up to session 4
-            },
+            variants={name: functools.partial(_ROPE, **kw) for name, kw in ROPE_KV_CONFIGS.items()},
         ),
         Case(
             "swiglu_clamp",
@@ -392,6 +415,8 @@ def _op_cases(dev: str, t: int) -> list[Case]:
                 },
                 "rows_rule": functools.partial(_KV, row_rule=True),
                 "early_cs": functools.partial(_KV, early_cos_sin=True),
+                # session 6: the API's tiling (rows_rule, the default since run 1) with the lean quant-dequant
+                "lean": functools.partial(_KV, lean=True),
             },
         ),
         Case(

@@ -60,7 +60,7 @@ def reduce_layout(ttgir: str) -> dict:
 def compile_tiling(bt: int, warps: int, quant: bool = True) -> dict:
     fn = f._kv_fused_kernel
     cx = {"skc": 1, "sw": 1, "sck": 1, "ssk": 1, "HAS_ROWS": False, "NOPE": 448, "QUANT": quant, "QB": 64}
-    cx.update(BLOCK_T=bt, BLOCK_D=512, IS_BF16=True, HW_CAST=True, EARLY_CS=False)
+    cx.update(BLOCK_T=bt, BLOCK_D=512, IS_BF16=True, HW_CAST=True, EARLY_CS=False, LEAN=False)
     sig = {**SIG, **{k: "constexpr" for k in cx}}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in DIV16}
     src = ASTSource(fn, sig, constexprs=cx, attrs=attrs)

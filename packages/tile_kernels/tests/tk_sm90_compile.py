@@ -136,7 +136,24 @@ for mode, sp, qp, g, idx, gpr, tiles in (
 ):
     s = {**(qs32 if idx else qs), "s_ptr": sp, "q_ptr": qp}
     cx = {"MODE": mode, "GROUP": g, "BLOCK_G": 64, "HW_CAST": True, "IDX32": idx, "GPR": gpr, "TILES": tiles}
+    cx["LEAN"] = False  # (a defaulted constexpr must be given to ASTSource on Triton 3.9)
     go(f"quant tiles mode {mode} i32={idx} gpr={gpr} tiles={tiles}", q._fp8_group_tiles_kernel, s, cx, 8, False)
+# session 6's lean epilogue (quant_tile_store_lean): every mode, one and two tiles; the e4m3 conversion must be the
+# saturating hardware cvt (the lean path relies on its saturation and NaN byte instead of a clamp and a select)
+for mode, sp, qp, g, gpr, tiles, w in (
+    (0, "*i32", "*u8", 128, 32, 1, 8),
+    (1, "*fp32", "*u8", 128, 32, 2, 8),
+    (1, "*fp32", "*u8", 128, 32, 1, 4),
+    (2, "*fp32", "*u8", 128, 32, 1, 8),
+    (3, "*bf16", "*bf16", 64, 7, 2, 8),
+):
+    s = {**qs32, "s_ptr": sp, "q_ptr": qp}
+    cx = {"MODE": mode, "GROUP": g, "BLOCK_G": 64, "HW_CAST": True, "IDX32": True, "GPR": gpr, "TILES": tiles}
+    name = f"quant lean mode {mode} tiles={tiles} w{w}"
+    ptx = go(name, q._fp8_group_tiles_kernel, s, {**cx, "LEAN": 2 if mode == 0 else 1}, w, False)  # 2: leanx
+    if ptx is not None and "cvt.rn.satfinite.e4m3x2.f32" not in ptx:
+        FAILED.append(f"{name} cvt")
+        print(f"FAIL {name}: no cvt.rn.satfinite.e4m3x2.f32 in the PTX", flush=True)
 ss = {
     "g_ptr": "*bf16",
     "u_ptr": "*bf16",
@@ -184,10 +201,22 @@ go(
     "swiglu_fp8 tiles i32 gpr=16 tiles=2",
     f._swiglu_fp8_tiles_kernel,
     sts,
-    {**swcx, "IDX32": True, "GPR": 16, "TILES": 2},
+    {**swcx, "IDX32": True, "GPR": 16, "TILES": 2, "LEAN": False, "FTZ_EXP": False},
     8,
     False,
 )
+for mode, tiles, ftz in ((1, 1, False), (2, 2, False), (1, 1, True)):
+    ptx = go(
+        f"swiglu_fp8 tiles lean mode {mode} tiles={tiles} ftz_exp={ftz}",
+        f._swiglu_fp8_tiles_kernel,
+        sts,
+        {**swcx, "MODE": mode, "IDX32": True, "GPR": 16, "TILES": tiles, "LEAN": True, "FTZ_EXP": ftz},
+        8,
+        False,
+    )
+    if ptx is not None and ftz != ("ex2.approx.ftz.f32" in ptx):  # the config's inline PTX (and only there)
+        FAILED.append(f"swiglu ftz_exp={ftz} ex2")
+        print(f"FAIL swiglu ftz_exp={ftz}: ex2.approx.ftz.f32 {'missing' if ftz else 'present'}", flush=True)
 s32 = dict(ss)
 s32.update({"g_ptr": "*fp32", "u_ptr": "*fp32", "y_ptr": "*fp32"})
 go(
@@ -234,12 +263,21 @@ for rows in (False, True):
                 "IS_BF16": True,
                 "HW_CAST": True,
                 "EARLY_CS": False,
+                "LEAN": quant and not rows,  # session 6's lean quant-dequant (config `lean`) in one variant
             },
             8,
             False,
         )
 kcx = {"HAS_ROWS": True, "NOPE": 448, "QUANT": True, "QB": 64, "BLOCK_T": 8, "BLOCK_D": 512, "IS_BF16": True}
-go("kv early cos/sin", f._kv_fused_kernel, ks, {**kcx, "HW_CAST": True, "EARLY_CS": True}, 8, False)
+go("kv early cos/sin", f._kv_fused_kernel, ks, {**kcx, "HW_CAST": True, "EARLY_CS": True, "LEAN": False}, 8, False)
+go(
+    "kv lean 4 rows 1 warp",
+    f._kv_fused_kernel,
+    ks,
+    {**kcx, "BLOCK_T": 4, "HW_CAST": True, "EARLY_CS": False, "LEAN": True},
+    1,
+    False,
+)
 k32 = dict(ks)
 k32.update({"kv_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32"})
 go(
@@ -256,6 +294,7 @@ go(
         "IS_BF16": False,
         "HW_CAST": True,
         "EARLY_CS": False,
+        "LEAN": False,
     },
     2,
     False,
@@ -281,6 +320,11 @@ rcx = {"INVERSE": False, "BLOCK_M": 8, "BLOCK_C": 512, "BLOCK_R": 32, "EARLY_ROT
 go("rope fusion on", ro._rope_kernel, ros, rcx, 8, True)
 go("rope fusion off", ro._rope_kernel, ros, rcx, 8, False)
 go("rope early rotate", ro._rope_kernel, ros, {**rcx, "EARLY_ROT": True}, 8, False)
+# session 6: the cs_rt kernel (same function, cos / sin strides unspecialised) and the whole-row kernel
+go("rope cs_rt", ro._rope_kernel_cs_rt, ros, {**rcx, "BLOCK_M": 2, "EARLY_ROT": True}, 2, False)
+ros_row = {**ros, "stride_xd": "i32"}
+for bm, w, inv in ((2, 2, False), (1, 1, True), (4, 4, False)):
+    go(f"rope row bm{bm} w{w}", ro._rope_row_kernel, ros_row, {"INVERSE": inv, "BLOCK_M": bm, "BLOCK_D": 512}, w, False)
 as_ = {
     "g_ptr": "*bf16",
     "u_ptr": "*bf16",
@@ -322,11 +366,8 @@ for head in (False, True):
     for prec in ("bf16x3", "tf32x3"):
         cx = {"HC": 4, "D": 4096, "BLOCK_T": 64, "BLOCK_K": 64, "PRECISION": prec, "HEAD": head}
         go_mhc(f"mhc mix head={head} {prec}", mh._mhc_mix_kernel, head, cx, mh.MIX_NUM_WARPS)
-    for rev in (False, True) if not head else (False,):  # REVERSE: the "finish_rev" config (same code otherwise)
-        cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
-        go_mhc(
-            f"mhc finish head={head} rev={rev}", mh._mhc_finish_kernel, head, {**cx, "REVERSE": rev}, mh.FIN_NUM_WARPS
-        )
+    cx = {"HC": 4, "D": 4096, "BLOCK_T": mh.FIN_BLOCK_T, "BLOCK_D": 256, "BLOCK_S": mh.FIN_BLOCK_S, "HEAD": head}
+    go_mhc(f"mhc finish head={head}", mh._mhc_finish_kernel, head, cx, mh.FIN_NUM_WARPS)
 
 f4s = {
     "x_ptr": "*bf16",

@@ -336,4 +336,161 @@ __global__ void __launch_bounds__(WARPS * 32, (PCfg<KT, TN, WARPS, RT, NS>::kMin
   }
 }
 
+
+// ---- kernel 6: kernel 5's tiles, loader and compute in ONE cp.async pipeline per CTA (session 6) ----
+// Kernel 5 drains its pipeline at the end of every work item (cp.async.wait_group 0 + __syncthreads) and refills it
+// for the next (NS - 1 stages issued, then the first one waited for): one exposed load latency per item, i.e. per
+// k / KT stages (8 at k = 4096, KT = 512). Kernel 6 walks the CTA's work as one sequence of (item, k tile) steps: the
+// loader runs NS - 1 steps ahead across item boundaries, and the consumer stores an item's outputs (and clears its
+// accumulators) after that item's last k tile, while the next item's first tiles are already in flight.
+// Work items are (token block, n slab) with token blocks of TN rows of one expert (block-major: the CTAs that run at
+// the same time share a block's activations in L2), so every item costs the same one pass over its slab and the
+// static round-robin split is balanced even when some experts have more than TN rows (kernel 5 gives such an
+// expert's slab, all its token blocks, to one CTA: decode batch 256 has ~15 % of its experts above 8 rows).
+// Same tiles, dequantisation, k order and fp32 accumulation order as kernel 5: bit-identical outputs.
+
+// Shared memory past the pipeline stages: offs copy [g], token-block prefix [g + 1] (+ 3 ints of slack).
+__host__ __device__ constexpr int s_extra_bytes(int g) { return (2 * g + 4) * 4; }
+
+struct SItem {
+  int e, tok0, end, row0;  // expert, first token of the block, the expert's token end, first row of the slab
+};
+
+// Work item w -> its expert, token block and slab. pre[e] = token blocks of experts < e (pre[0] = 0); empty experts
+// have pre[e] == pre[e + 1], so the binary search (last e with pre[e] <= block) lands on a non-empty expert.
+template <int TN, int ROWS>
+__device__ __forceinline__ SItem s_item(const Fp4Args& p, const int* so, const int* pre, int slabs, int w) {
+  const int blk = w / slabs;
+  int lo = 0, hi = p.g;  // pre[lo] <= blk < pre[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (pre[mid] <= blk) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const int start = lo > 0 ? max(so[lo - 1], 0) : 0;
+  return SItem{lo, start + (blk - pre[lo]) * TN, min(so[lo], p.m), (w - blk * slabs) * ROWS};
+}
+
+// Token blocks per expert, prefix-summed by warp 0 (32 experts per step: warp scan with shuffles).
+template <int TN>
+__device__ __forceinline__ void s_block_prefix(const Fp4Args& p, const int* so, int* pre) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) pre[0] = 0;
+  int run = 0;
+  for (int e0 = 0; e0 < p.g; e0 += 32) {
+    const int e = e0 + lane;
+    int nb = 0;
+    if (e < p.g) {
+      const int start = e > 0 ? max(so[e - 1], 0) : 0, end = min(so[e], p.m);
+      nb = start < end ? (end - start + TN - 1) / TN : 0;
+    }
+    int incl = nb;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (e < p.g) pre[e + 1] = run + incl;
+    run += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
+// One item's outputs (the D fragments of every (row tile, token group), both chains summed), then cleared.
+template <int TN, int RT>
+__device__ __forceinline__ void s_store(const Fp4Args& p, const SItem& it, float (&acc)[RT][TN / 8][2][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int r = it.row0 + (warp * RT + rt) * 16 + gq;
+#pragma unroll
+    for (int tg = 0; tg < TN / 8; ++tg) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = it.tok0 + tg * 8 + 2 * tq + (i & 1);
+        const int row = r + (i >> 1) * 8;
+        if (tok < it.end && row < p.n) {
+          p.out[static_cast<size_t>(tok) * p.n + row] = __float2bfloat16_rn(acc[rt][tg][0][i] + acc[rt][tg][1][i]);
+        }
+        acc[rt][tg][0][i] = 0.f;
+        acc[rt][tg][1][i] = 0.f;
+      }
+    }
+  }
+}
+
+template <int KT, int TN, int WARPS, int RT, int NS>
+__global__ void __launch_bounds__(WARPS * 32, (PCfg<KT, TN, WARPS, RT, NS>::kMinBlocks))
+    fp4_w4a16_stream_kernel(const Fp4Args p) {
+  using C = PCfg<KT, TN, WARPS, RT, NS>;
+  DG_FP4_DYNAMIC_SMEM(smem);
+  int* so = reinterpret_cast<int*>(smem + C::kSmemBytes);  // offs copy
+  int* pre = so + p.g;                                     // token blocks before each expert [g + 1]
+  for (int e = threadIdx.x; e < p.g; e += C::kThreads) so[e] = p.offs[e];
+  __syncthreads();
+  if ((threadIdx.x >> 5) == 0) s_block_prefix<TN>(p, so, pre);
+  __syncthreads();
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const PMul mul = PMul::from(p.shr6_mul);
+  const int slabs = (p.n + C::kRows - 1) / C::kRows;
+  const int items = pre[p.g] * slabs;
+  const int ktiles = (p.k + KT - 1) / KT;
+  const int cta = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+  const int steps = (cta < items ? (items - 1 - cta) / grid + 1 : 0) * ktiles;  // this CTA's (item, k tile) steps
+
+  // Loader cursor: the item and k tile of the next stage to load, and that item's copy plan.
+  int lw = cta, lkt = 0;
+  PPlan plan{};
+  if (steps > 0) {
+    const SItem it = s_item<TN, C::kRows>(p, so, pre, slabs, lw);
+    plan = p_make_plan<KT, TN, WARPS, RT, NS>(p, it.e, it.row0, it.tok0, it.end);
+  }
+  auto load_next = [&](uint32_t stage) {
+    p_load_stage<KT, TN, WARPS, RT, NS>(plan, p.k, stage, lkt);
+    if (++lkt == ktiles) {
+      lkt = 0;
+      lw += grid;
+      if (lw < items) {
+        const SItem it = s_item<TN, C::kRows>(p, so, pre, slabs, lw);
+        plan = p_make_plan<KT, TN, WARPS, RT, NS>(p, it.e, it.row0, it.tok0, it.end);
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) {
+    if (s < steps) load_next(base + s * C::kStageBytes);
+    cp_async_commit();
+  }
+
+  float acc[RT][TN / 8][2][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int tg = 0; tg < TN / 8; ++tg)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[rt][tg][c][i] = 0.f;
+  int cw = cta, ckt = 0;  // consumer cursor: item and k tile of the stage computed next
+  int cs = 0, ls = NS - 1;       // stage indices computed / loaded next
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();  // step's stage landed for every thread; the previous step's stage is free for the next load
+    if (step + NS - 1 < steps) load_next(base + ls * C::kStageBytes);
+    cp_async_commit();
+    ls = ls + 1 == NS ? 0 : ls + 1;
+    p_compute_stage<KT, TN, WARPS, RT, NS>(base + cs * C::kStageBytes, mul, acc);
+    cs = cs + 1 == NS ? 0 : cs + 1;
+    if (++ckt == ktiles) {
+      ckt = 0;
+      s_store<TN, RT>(p, s_item<TN, C::kRows>(p, so, pre, slabs, cw), acc);
+      cw += grid;
+    }
+  }
+  cp_async_wait<0>();
+}
+
 }  // namespace dg_fp4

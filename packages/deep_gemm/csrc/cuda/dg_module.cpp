@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dg_fp4_bindings.h"
+#include "dg_w4a8_bindings.h"
 
 #ifdef DG_HAVE_CUTLASS
 #include "cutlass/dg_cutlass_fp8.h"
@@ -151,6 +152,7 @@ void cutlass_fp8_gemm(int config, const CutlassFp8Args& args) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "deep_gemm compiled kernels (CUTLASS SM90 FP8 block-scaled GEMM when built with CUTLASS)";
   dg_register_fp4(m);  // the FP4-expert kernels (dg_fp4_*), bound in their own file, independent of CUTLASS
+  dg_register_w4a8(m);  // the W4A8 FP8-wgmma kernel (dg_w4a8_*), bound in its own file
 #ifdef DG_HAVE_CUTLASS
   m.def("has_cutlass_fp8", []() { return true; });
   m.attr("cutlass_fp8_configs") = dg::kCutlassFp8Configs;

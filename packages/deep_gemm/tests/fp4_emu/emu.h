@@ -96,6 +96,20 @@ inline uint32_t __ballot_sync(uint32_t, int pred) {
   return mask;
 }
 inline bool __any_sync(uint32_t m, int pred) { return __ballot_sync(m, pred) != 0; }
+// Shuffles (whole warp converged, as the kernels call them): every lane posts its value, then reads its source's.
+inline int emu_shfl(int v, int src_lane) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  emu::votes[threadIdx.x] = v;
+  emu::warp_bars[warp]->arrive_and_wait();
+  const int got = emu::votes[warp * 32 + ((src_lane >= 0 && src_lane < 32) ? src_lane : lane)];
+  emu::warp_bars[warp]->arrive_and_wait();
+  return got;
+}
+inline int __shfl_sync(uint32_t, int v, int src) { return emu_shfl(v, src & 31); }
+inline int __shfl_up_sync(uint32_t, int v, unsigned d) {  // lanes below d keep their own value (PTX shfl.up)
+  const int lane = threadIdx.x & 31;
+  return emu_shfl(v, lane >= static_cast<int>(d) ? lane - static_cast<int>(d) : lane);
+}
 inline int __popc(uint32_t x) { return __builtin_popcount(x); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{emu::f_to_bf16(f)}; }
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {

@@ -50,8 +50,11 @@
 //   the row ids, and the consumers hand the stage straight back. EXTRA = false compiles to the single-cache kernel.
 // Persistent variant ws3p (session 5 round 5, not yet GPU-run): ws3p_decode_kernel near the end of the file, the same
 //   per-tile code in a grid of min(#SMs, work items) CTAs looping over (token, split, head block) items.
-// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (10 instances: + 2 EXTRA,
-// + 2 ws3p).
+// ws3p option builds (session 6, not yet GPU-run; ws3p_decode_kernel's OPT bits, kOpt* below; fm_ws3p_launch_opt):
+//   a wide FP8 producer batch, a lazy O rescale and early scores of the next tile, each bit-identical to ws3p; one
+//   scoring warpgroup (same math, other summation order).
+// Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (21 instances: + 2 EXTRA,
+// + 2 ws3p, + 11 ws3p option builds).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -78,6 +81,23 @@ constexpr int kStageBytes = 8 * kSub;   // [64, 512] bf16: 64 KiB
 constexpr int kFp8Row = 584;
 constexpr int kFp8Batch = 8;            // FP8 rows per producer warp whose loads are in flight together (2 batches)
 constexpr int kBarConsumers = 1, kBarProducer = 2;  // named barriers (0 is __syncthreads)
+constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p option kOptEarlyS: wg_all)
+// ws3p options (session 6; template OPT of ws3p_decode_kernel, bit flags; 0 = ws3p as measured in session 6 run 1):
+//   kOptWideFp8: the FP8 producer loads all 16 rows of a warp before storing any (one load round trip per tile, not
+//     two), paid for with the 120 / 192 register split (Cfg WIDE). Same bits as 0.
+//   kOptLazy: O *= alpha skipped by a warp whose 16 rows all kept their running max (alpha == 1 exactly: x * 1 == x
+//     for every finite x and the final scaling re-canonicalises NaN): 128 FMULs off the critical path. Same bits.
+//   kOptEarlyS: after issuing P_i V_i, if tile i + 1 (same item) has ALREADY landed (non-blocking test, voted per
+//     warpgroup), its scores are issued at once behind P_i V_i (tensor pipe kept busy across the tile boundary);
+//     stage i is still released as soon as P_i V_i completes (wgmma.wait_group 1). When tile i + 1 has not landed,
+//     the session-6 order (release, then wait) is kept, so the producer never waits longer for a stage. Same bits.
+//   kOptOneScorer (alone or with kOptLazy; NOT bit-identical: same math, other summation order): consumer warpgroup 0 scores all 64
+//     keys of a tile (32 x m64n64k16: 128 KiB of shared-memory operand reads per tile instead of 2 x 96 KiB for two
+//     warpgroups' m64n32k16, whose A = Q re-read is the larger part) and runs the whole online softmax (no row-max
+//     exchange: one named barrier per tile instead of two); it publishes P, alpha and the running max, and warpgroup
+//     1 only rescales its O half and runs its P @ V. Row sums over all 64 keys in warpgroup 0 (warpgroup 1's stay 0),
+//     so lse / out differ from ws3p in the last bits.
+constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -92,13 +112,15 @@ struct XParams {
 // Thread / register split (both cache formats). One producer warpgroup: a second one (512 threads) caps the launch
 // at 128 registers per thread, and ptxas refuses the m64n256k16 P @ V at that cap (C7602: needs >= 154 even when
 // setmaxnreg would give the consumers more), so 384 threads is the largest CTA with O [64, 256] in registers.
-template <bool FP8>
+// WIDE (ws3p options, kOptWideFp8): the FP8 producer holds all 16 rows of a warp in registers (one load round trip
+// per tile instead of two): 120 producer / 192 consumer registers.
+template <bool FP8, bool WIDE = false>
 struct Cfg {
   static constexpr int kProducers = 128;
   static constexpr int kThreads = kConsumers + kProducers;
   static constexpr int kLaunchRegs = 168;  // what __launch_bounds__(384, 1) gives each thread
-  static constexpr int kProducerRegs = 88;
-  static constexpr int kConsumerRegs = 208;
+  static constexpr int kProducerRegs = WIDE ? 120 : 88;
+  static constexpr int kConsumerRegs = WIDE ? 192 : 208;
   static_assert(kLaunchRegs * kThreads <= 65536, "register file");
   static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs == kLaunchRegs * kThreads,
                 "setmaxnreg budget must add up to the launch allocation (else .inc waits forever / wastes)");
@@ -180,6 +202,29 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+}
+// Non-blocking: whether the phase with this parity has completed (acquire, as mbar_wait).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// AND of v over the 128 threads of one warpgroup (named barrier id, 128 threads, with a reduction): a decision every
+// thread of the warpgroup takes alike, as the .sync.aligned wgmma instructions that follow it require.
+// (The id is an immediate: a register id makes ptxas reserve all 16 named barriers.)
+template <int ID>
+__device__ __forceinline__ bool wg_all(bool v) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"((uint32_t)v), "n"(ID)
+      : "memory");
+  return r != 0;
 }
 __device__ __forceinline__ void named_bar(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -266,11 +311,10 @@ __device__ __forceinline__ void issue_bf16_tile(uint8_t* stage, const int* rows,
 // FP8: kFp8Batch rows r0 .. of one warp into registers. Lane l reads the row's 8-byte units l, l + 32 and (l < 9)
 // l + 64 (unit u: bytes 8u .. 8u + 7; e4m3 for u < 56, RoPE bf16 for 56..71, the 7 scale bytes + pad at 72): each
 // load instruction of the warp is 256 contiguous bytes.
-template <bool EXTRA>
-__device__ __forceinline__ void fp8_load(uint2 (&v)[kFp8Batch][3], const int* rows, const Src<EXTRA>& kv, int r0,
-                                         int lane) {
+template <bool EXTRA, int B = kFp8Batch>
+__device__ __forceinline__ void fp8_load(uint2 (&v)[B][3], const int* rows, const Src<EXTRA>& kv, int r0, int lane) {
 #pragma unroll
-  for (int i = 0; i < kFp8Batch; ++i) {
+  for (int i = 0; i < B; ++i) {
     const int row = rows[r0 + i];
     // (EXTRA = false: the single-cache expression as it was, so that kernel compiles unchanged)
     const uint8_t* src = EXTRA ? kv.at(row < 0 ? 0 : row) + 8 * lane
@@ -283,9 +327,10 @@ __device__ __forceinline__ void fp8_load(uint2 (&v)[kFp8Batch][3], const int* ro
 }
 
 // The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0).
-__device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[kFp8Batch][3], int r0, int lane) {
+template <int B = kFp8Batch>
+__device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3], int r0, int lane) {
 #pragma unroll
-  for (int i = 0; i < kFp8Batch; ++i) {
+  for (int i = 0; i < B; ++i) {
     const int r = r0 + i;
     uint2 sw;  // the row's scale word, held by lane 8
     sw.x = __shfl_sync(0xffffffffu, v[i][2].x, 8);
@@ -309,7 +354,7 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[kFp8B
 
 // One FP8 tile by the 4 producer warps (warp W: rows 16 W .. 16 W + 15). The first batch is loaded before waiting for
 // the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage.
-template <bool EXTRA>
+template <bool EXTRA, bool WIDE = false>
 __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& kv, bool wait, uint32_t bar,
                                          uint32_t parity, int* s_rows_st, int cur, int t) {
   // warp / lane re-read per tile (opaque to the compiler): otherwise it hoists every per-row offset out of the tile
@@ -317,6 +362,14 @@ __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const 
   uint32_t tx;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
   const int r0 = 2 * kFp8Batch * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
+  if constexpr (WIDE) {  // all 2 * kFp8Batch rows of the warp in flight at once (96 registers), then one store pass
+    uint2 w[2 * kFp8Batch][3];
+    fp8_load<EXTRA, 2 * kFp8Batch>(w, rows, kv, r0, lane);
+    if (wait) mbar_wait(bar, parity);
+    if (t < kBN) s_rows_st[t] = cur;
+    fp8_store<2 * kFp8Batch>(stage, w, r0, lane);
+    return;
+  }
   uint2 v[kFp8Batch][3];
   fp8_load(v, rows, kv, r0, lane);
   if (wait) mbar_wait(bar, parity);
@@ -422,6 +475,64 @@ __device__ __forceinline__ void issue_pv(float* acc, uint32_t p_base, uint32_t k
   for (int ks = 0; ks < 4; ++ks) {
     ws3_wgmma_m64n256k16_ss_tb(acc, gmma_desc(p_base + ks * 32, 16, 1024),
                                gmma_desc(kv_base + 4 * wg * kSub + ks * 16 * 128, kSub, 1024), 1);
+  }
+}
+
+// kOptOneScorer: S [64 heads x 64 keys] = Q [64, 512] K[0 .. 63, 512]^T by one warpgroup: 32 x m64n64k16 (32 fp32 per
+// thread). Not committed.
+__device__ __forceinline__ void issue_scores64(float* s, uint32_t q_base, uint32_t kv_base) {
+#pragma unroll
+  for (int ks = 0; ks < 32; ++ks) {
+    const uint32_t koff = (ks >> 2) * kSub + (ks & 3) * 32;  // sub-tile, then 16 dims = 32 B inside the row
+    ws3_wgmma_m64n64k16_ss(s, gmma_desc(q_base + koff, 16, 1024), gmma_desc(kv_base + koff, 16, 1024), ks > 0 ? 1 : 0);
+  }
+}
+
+// kOptOneScorer: online softmax update of one tile (base 2) over all 64 keys by warpgroup 0 (thread holds s[4 j +
+// {0,1}] at (r0, 8 j + 2 (lane % 4) + {0,1}) and s[4 j + {2,3}] at row r0 + 8, j = 0..7). No exchange: writes P
+// (bf16, all 64 columns), and alpha / the new running max of its rows into xr[0 .. 63] / xr[64 .. 127] for warpgroup 1.
+__device__ __forceinline__ void softmax_tile64(float* s, float* alpha, float* m_run, float* l_run, const int* rows_t,
+                                               float* xr, uint8_t* p_tile, int r0, int lane, float qk_scale) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = rows_t[8 * j + 2 * (lane & 3) + e] >= 0;
+      s[4 * j + e] = ok ? s[4 * j + e] * qk_scale : -INFINITY;
+      s[4 * j + 2 + e] = ok ? s[4 * j + 2 + e] * qk_scale : -INFINITY;
+      mx[0] = fmaxf(mx[0], s[4 * j + e]);
+      mx[1] = fmaxf(mx[1], s[4 * j + 2 + e]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing valid yet: any finite shift works
+    alpha[h] = exp2f(m_run[h] - m_use);
+    l_run[h] *= alpha[h];
+    m_run[h] = m_new;
+    mx[h] = m_use;
+  }
+  if ((lane & 3) == 0) {
+    xr[r0] = alpha[0];
+    xr[r0 + 8] = alpha[1];
+    xr[64 + r0] = m_run[0];
+    xr[64 + r0 + 8] = m_run[1];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2f(s[4 * j + 2 * h] - mx[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - mx[h]);
+      l_run[h] += p0 + p1;
+      const int r = r0 + 8 * h;
+      const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(p_tile + r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) = pb;
+    }
   }
 }
 
@@ -565,17 +676,22 @@ __device__ __forceinline__ void issue_q(const __nv_bfloat16* q, const Params& p,
 
 // after_p() runs right after the P barrier (both warpgroups' scores of tile i done: ws3p issues the next item's Q
 // load there; ws3 passes a no-op).
-template <class AfterP>
-__device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, int i,
-                                           uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
-                                           float qk_scale, AfterP after_p) {
+// softmax_issue_pv: everything up to P_i V_i issued and committed (not waited for). LAZY: kOptLazy (ws3p options).
+template <bool LAZY, class AfterP>
+__device__ __forceinline__ void softmax_issue_pv(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem,
+                                                 int i, uint32_t kv_base, int wg, int r0, int lane, float qk_scale,
+                                                 AfterP after_p) {
   const int st = i % kStages;
   const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
   float* red = reinterpret_cast<float*>(smem + Smem::red) + (i & 1) * 128;
   uint8_t* p_tile = smem + Smem::p + (i & 1) * kSub;
   float alpha[2];
   softmax_tile(s, alpha, m_run, l_run, s_rows, red, p_tile, wg, r0, lane, qk_scale);
-  rescale_o(acc, alpha);
+  if constexpr (LAZY) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(acc, alpha);
+  } else {
+    rescale_o(acc, alpha);
+  }
   fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
   named_bar(kBarConsumers, kConsumers);  // both halves of P_i written
   after_p();
@@ -583,9 +699,16 @@ __device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, f
   wg_arrive();
   issue_pv(acc, smem_u32(p_tile), kv_base, wg);
   wg_commit();
+}
+
+template <class AfterP>
+__device__ __forceinline__ void softmax_pv(float* s, float* acc, float* m_run, float* l_run, uint8_t* smem, int i,
+                                           uint32_t kv_base, uint32_t bar_empty, int wg, int r0, int lane,
+                                           float qk_scale, AfterP after_p) {
+  softmax_issue_pv<false>(s, acc, m_run, l_run, smem, i, kv_base, wg, r0, lane, qk_scale, after_p);
   wg_wait<0>();
   reg_fence<128>(acc);
-  mbar_arrive(bar_empty + 8 * st);
+  mbar_arrive(bar_empty + 8 * (i % kStages));
 }
 
 // Consumer warpgroups. Per tile i: [S_i complete] softmax_i (max barrier), O *= alpha_i, P barrier, P_i V_i; stage i
@@ -790,7 +913,7 @@ __device__ __forceinline__ int cursor_row(const Cursor& c, const int* idx, const
 // ws3's producer (kFull, single cache) over the CTA's whole tile stream: tile g of the stream into stage g % kStages;
 // the row ids of tile g + 1 (which may be the next item's first tile) are loaded one tile ahead and its rows
 // prefetched into L2, as ws3 does inside one item.
-template <bool FP8>
+template <bool FP8, int OPT>
 __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base, const int* idx, const Params& p,
                                            int64_t items, int t, uint32_t bar_full, uint32_t bar_empty) {
   int* s_rows = reinterpret_cast<int*>(smem + Smem::rows);
@@ -811,7 +934,8 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
     const int* rows = prow + (g & 1) * kBN;
     uint8_t* stage = smem + Smem::ring + s * kStageBytes;
     if constexpr (FP8) {
-      fp8_tile(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+      fp8_tile<false, (OPT & kOptWideFp8) != 0>(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN,
+                                                  cur, t);
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {
@@ -842,6 +966,7 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
 // the caller waits).
 // ws3's consumers over the CTA's items: per item, Q (loaded by the previous item's last tile, else now), the tiles of
 // the stream in order (g counts across items, as the producer's), then the epilogue (out / lse or the partials).
+template <int OPT>
 __device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
                                            float* lse, float* part_o, float* part_lse, const Params& p, int64_t items,
                                            int tid, uint32_t bar_full, uint32_t bar_empty) {
@@ -867,34 +992,147 @@ __device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool pre = false;  // kOptEarlyS: S of tile g already issued behind the previous P V, and complete
     for (int i = 0; i < it.n; ++i, ++g) {
       const int st = g % kStages;
-      mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
-      fence_async_smem();
-      reg_fence<16>(s);
-      wg_arrive();
-      issue_scores(s, q_base, ring_base + st * kStageBytes, wg);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence<16>(s);
+      if (!pre) {
+        mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
+        fence_async_smem();
+        reg_fence<16>(s);
+        wg_arrive();
+        issue_scores(s, q_base, ring_base + st * kStageBytes, wg);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence<16>(s);
+      }
+      pre = false;
       const bool q_next = i == it.n - 1 && wn < items;
-      softmax_pv(s, acc, m_run, l_run, smem, (int)g, ring_base + st * kStageBytes, bar_empty, wg, r0, lane, p.qk_scale,
-                 [&] {  // the last read of this item's Q is done: the next item's Q load overlaps P @ V
-                   if (q_next) issue_q(q, p, nx.tok, nx.hb, q_base, tid);
-                 });
+      softmax_issue_pv<(OPT & kOptLazy) != 0>(
+          s, acc, m_run, l_run, smem, (int)g, ring_base + st * kStageBytes, wg, r0, lane, p.qk_scale,
+          [&] {  // the last read of this item's Q is done: the next item's Q load overlaps P @ V
+            if (q_next) issue_q(q, p, nx.tok, nx.hb, q_base, tid);
+          });
       q_loaded = q_next;
+      if constexpr ((OPT & kOptEarlyS) != 0) {
+        if (i + 1 < it.n) {  // tile g + 1 is this item's (its Q is in place): issue its scores now if it has landed
+          const int sn = (g + 1) % kStages;
+          const bool landed = mbar_test(bar_full + 8 * sn, ((g + 1) / kStages) & 1);
+          pre = wg == 0 ? wg_all<kBarWg0>(landed) : wg_all<kBarWg0 + 1>(landed);
+          if (pre) {
+            fence_async_smem();
+            reg_fence<16>(s);
+            wg_arrive();
+            issue_scores(s, q_base, ring_base + sn * kStageBytes, wg);
+            wg_commit();
+            wg_wait<1>();  // P_g V_g done (groups complete in order): stage g is free, S_{g+1} may still run
+            reg_fence<128>(acc);
+            mbar_arrive(bar_empty + 8 * st);
+            wg_wait<0>();
+            reg_fence<16>(s);
+            continue;
+          }
+        }
+      }
+      wg_wait<0>();
+      reg_fence<128>(acc);
+      mbar_arrive(bar_empty + 8 * st);
     }
     finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, it.tok,
            it.hb, it.split, wg, r0, lane);
   }
 }
 
-template <bool FP8>
+// kOptOneScorer consumers (the item loop, Q hand-over and epilogue of consumer_p): per tile warpgroup 0 scores all 64
+// keys and runs the softmax (softmax_tile64), then one named barrier publishes P / alpha / the running max; warpgroup 1
+// rescales its O half with the published alpha; both run their P @ V and release the stage. LAZY: kOptLazy's skip.
+template <bool LAZY>
+__device__ __forceinline__ void lazy_rescale(float* acc, const float* alpha) {
+  if constexpr (LAZY) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(acc, alpha);
+  } else {
+    rescale_o(acc, alpha);
+  }
+}
+
+// (No kOptEarlyS form: warpgroup 0 holding 32 score registers while its P @ V runs spills at 208 registers.)
+template <bool LAZY>
+__device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
+                                            float* lse, float* part_o, float* part_lse, const Params& p, int64_t items,
+                                            int tid, uint32_t bar_full, uint32_t bar_empty) {
+  const int wg = tid >> 7, lane = tid & 31;
+  const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
+  const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
+  const int n_tiles = (p.topk + kBN - 1) / kBN;
+  uint32_t g = 0;
+  bool q_loaded = false;
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const Item it = item_of(w, p, n_tiles);
+    const int64_t wn = w + gridDim.x;
+    const Item nx = item_of(wn < items ? wn : w, p, n_tiles);
+    if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
+    cp_wait_all();
+    fence_async_smem();
+    named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+    q_loaded = false;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 1: l_run stays 0 (finish adds it)
+    for (int i = 0; i < it.n; ++i, ++g) {
+      const int st = g % kStages;
+      const uint32_t kv_base = ring_base + st * kStageBytes;
+      const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
+      float* xr = reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128;  // [alpha 64][running max 64]
+      uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
+      float alpha[2];
+      mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
+      if (wg == 0) {
+        fence_async_smem();
+        reg_fence<32>(s);
+        wg_arrive();
+        issue_scores64(s, q_base, kv_base);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence<32>(s);
+        softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
+        lazy_rescale<LAZY>(acc, alpha);
+        fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
+        named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
+      } else {
+        named_bar(kBarConsumers, kConsumers);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          alpha[h] = xr[r0 + 8 * h];
+          m_run[h] = xr[64 + r0 + 8 * h];
+        }
+        lazy_rescale<LAZY>(acc, alpha);
+      }
+      if (i == it.n - 1 && wn < items) {  // the last read of this item's Q is done: the next item's Q overlaps P V
+        issue_q(q, p, nx.tok, nx.hb, q_base, tid);
+        q_loaded = true;
+      }
+      reg_fence<128>(acc);
+      wg_arrive();
+      issue_pv(acc, smem_u32(p_tile), kv_base, wg);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence<128>(acc);
+      mbar_arrive(bar_empty + 8 * st);
+    }
+    finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, it.tok,
+           it.hb, it.split, wg, r0, lane);
+  }
+}
+
+template <bool FP8, int OPT>
 __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
     ws3p_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv, const int* __restrict__ idx,
                        const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                        float* __restrict__ part_o, float* __restrict__ part_lse, Params p, int64_t items) {
-  using C = Cfg<FP8>;
+  using C = Cfg<FP8, FP8 && (OPT & kOptWideFp8) != 0>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB alignment (as ws3)
   const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
@@ -902,18 +1140,23 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    producer_p<FP8>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
+    producer_p<FP8, OPT>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer_p(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+    if constexpr ((OPT & kOptOneScorer) != 0) {
+      static_assert((OPT & (kOptEarlyS | kOptWideFp8)) == 0, "kOptOneScorer: no early-scores / wide-FP8 form (spills)");
+      consumer_p1<(OPT & kOptLazy) != 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+    } else {
+      consumer_p<OPT>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+    }
   }
 }
 
 // max_ctas > 0 caps the grid (tests: several items per CTA at small sizes); 0: one CTA per SM of the current device.
-template <bool FP8>
+template <bool FP8, int OPT = 0>
 static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream) {
   const int smem = Smem::total + 1024;  // + alignment slack
-  auto kern = ws3p_decode_kernel<FP8>;
+  auto kern = ws3p_decode_kernel<FP8, OPT>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
   const Params& p = a.p;
@@ -930,7 +1173,42 @@ static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream
   return launch_kernel(kern, grid, Cfg<FP8>::kThreads, smem, stream, a, items);
 }
 
+// The instantiated option sets: BF16 2, 4, 6, 8, 10 (kOptWideFp8 is FP8-only: cleared here for BF16); FP8 1, 2, 4, 7,
+// 8, 10 (not 9 / 11 / 12 / 14: kOptOneScorer's consumers spill with kOptWideFp8's 192 registers, and with kOptEarlyS
+// (32 score registers live next to O during P @ V)); 0 is ws3p itself.
+template <bool FP8>
+static int launch_persist_opt(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
+  if constexpr (FP8) {
+    switch (opt) {
+      case 0: return launch_persist<true, 0>(a, max_ctas, s);
+      case 1: return launch_persist<true, 1>(a, max_ctas, s);
+      case 2: return launch_persist<true, 2>(a, max_ctas, s);
+      case 4: return launch_persist<true, 4>(a, max_ctas, s);
+      case 7: return launch_persist<true, 7>(a, max_ctas, s);
+      case 8: return launch_persist<true, 8>(a, max_ctas, s);
+      case 10: return launch_persist<true, 10>(a, max_ctas, s);
+      default: return (int)cudaErrorInvalidValue;
+    }
+  } else {
+    switch (opt & ~kOptWideFp8) {
+      case 0: return launch_persist<false, 0>(a, max_ctas, s);
+      case 2: return launch_persist<false, 2>(a, max_ctas, s);
+      case 4: return launch_persist<false, 4>(a, max_ctas, s);
+      case 6: return launch_persist<false, 6>(a, max_ctas, s);
+      case 8: return launch_persist<false, 8>(a, max_ctas, s);
+      case 10: return launch_persist<false, 10>(a, max_ctas, s);
+      default: return (int)cudaErrorInvalidValue;
+    }
+  }
+}
+
 }  // namespace fm_ws3
+
+int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  return fp8 ? fm_ws3::launch_persist_opt<true>(a, max_ctas, opt, s)
+             : fm_ws3::launch_persist_opt<false>(a, max_ctas, opt, s);
+}
 
 int fm_ws3_launch(const fm_ws::LaunchArgs& a, bool fp8, int mode, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);

@@ -82,6 +82,31 @@ static void sparse_decode_ws3p(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr
   if (rc != 0) throw std::runtime_error(std::string("sparse_decode_ws3p launch failed: ") + fm_ws_error_string(rc));
 }
 
+// ws3p with option flags (fm_ws3p_launch_opt, session 6): sparse_decode_ws3p's arguments plus opt (fm_ws3_decode.cu's
+// kOpt* bits: 1 wide FP8 producer batch, 2 lazy O rescale, 4 early scores of the next tile, 8 one scoring warpgroup)
+// before stream.
+static void sparse_decode_ws3p_opt(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
+                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
+                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
+                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
+                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
+                                   int max_ctas, int opt, uintptr_t stream) {
+  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_opt: H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_opt: bad split plan");
+  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_opt: max_ctas must be >= 0 (0: one CTA per SM)");
+  if (opt < 0 || opt > 15) throw std::invalid_argument("sparse_decode_ws3p_opt: opt must be 0..15 (kOpt* bits)");
+  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
+    throw std::invalid_argument("sparse_decode_ws3p_opt: num_splits > 1 needs the part_o / part_lse workspaces");
+  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
+  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
+                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
+                      stride_lh};
+  const int rc = fm_ws3p_launch_opt(a, fp8, max_ctas, opt, stream);
+  if (rc != 0)
+    throw std::runtime_error(std::string("sparse_decode_ws3p_opt launch failed (opt ") + std::to_string(opt) +
+                             "): " + fm_ws_error_string(rc));
+}
+
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
@@ -104,4 +129,9 @@ void fm_register_ws(pybind11::module_& m) {
         "ws3 in a persistent grid (fm_ws3_decode.cu ws3p_decode_kernel): min(SMs or max_ctas, work items) CTAs, each "
         "looping over (token, split, head block) items at a static stride. sparse_decode_ws's arguments with "
         "max_ctas (0: one CTA per SM) in place of variant / mode; tiles_per_split in 64-row tiles.");
+  m.def("sparse_decode_ws3p_opt", &sparse_decode_ws3p_opt,
+        "ws3p with option flags (session 6): sparse_decode_ws3p's arguments plus opt before stream (bits: 1 FP8 "
+        "producer loads a warp's 16 rows at once, 2 lazy O rescale, 4 early scores of the next tile; BF16 ignores "
+        "bit 1; 8 one scoring warpgroup, not with 1 / 4; instantiated FP8 0/1/2/4/7/8/10, BF16 0/2/4/6/8/10). Bits 1, 2, 4 keep "
+        "sparse_decode_ws3p's results bit for bit; 8 changes the summation order.");
 }

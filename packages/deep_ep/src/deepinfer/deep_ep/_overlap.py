@@ -47,7 +47,16 @@ ORDER_ENV = "DEEPINFER_DEEP_EP_OVERLAP_ORDER"
 # the combine launch's config (`overlap.COMBINE_CONFIGS`): "base" (the default), "wide" / "wide4" (session 5: 2x /
 # 4x the tokens per reduce program, so the reduction of the last rows to land takes fewer rounds; round 3 on 2
 # H200s: 111.7 / 112.6 vs 113.2 us from a CUDA graph, 2-GPU test passed: 1.1-1.4 %, one run, so not the default)
+# session 6 adds "fold", "wide_fold", "send2", "wide_fold_send2" (opt-in, see `overlap.COMBINE_CONFIGS`)
 COMBINE_ENV = "DEEPINFER_DEEP_EP_OVERLAP_COMBINE"
+# the dispatch launch's config (`overlap.DISPATCH_CONFIGS`): "early" (the default since session 6: the rows-per-rank
+# part of the count row first with its own flag, which the copies wait for; session 6 run 3 on 2 H200s from a CUDA
+# graph: bf16 122.9 vs 136.8 us for "base", FP8 78.0 vs 84.9, bit-exact, 2-GPU test passed), "base" (the session-5
+# kernel) or "fused" (opt-in: "early" + the layout scan inside the dispatch launch; 2-GPU test passed, not yet
+# timed from a graph); read per call
+DISPATCH_ENV = "DEEPINFER_DEEP_EP_OVERLAP_DISPATCH"
+# benchmark-only (`overlap.DIAGS`: the dispatch with some roles doing nothing, WRONG results): unset for real calls
+DIAG_ENV = "DEEPINFER_DEEP_EP_OVERLAP_DIAG"
 # polls before a wait gives up (sets the timeout flag): a peer's first call may still be compiling its
 # kernels (tens of seconds) while ours already waits on the GPU
 SPIN_LIMIT = {"cuda": 1 << 27, "cpu": 1 << 21}
@@ -85,6 +94,14 @@ def combine_config() -> str:
     got = os.environ.get(COMBINE_ENV, "base").strip() or "base"
     if got not in ov.COMBINE_CONFIGS:
         raise ValueError(f"{COMBINE_ENV}: expected one of {list(ov.COMBINE_CONFIGS)}, got {got!r}")
+    return got
+
+
+def dispatch_config() -> str:
+    """The dispatch launch's config from DEEPINFER_DEEP_EP_OVERLAP_DISPATCH (default "early" since session 6)."""
+    got = os.environ.get(DISPATCH_ENV, "early").strip() or "early"
+    if got not in ov.DISPATCH_CONFIGS:
+        raise ValueError(f"{DISPATCH_ENV}: expected one of {list(ov.DISPATCH_CONFIGS)}, got {got!r}")
     return got
 
 
@@ -265,6 +282,11 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
 
         return _nosync.dispatch(fast, x, idx, w, num_experts, given, align, cap)
     launch_order = order()  # before any GPU work: a bad value must not leave the epochs advanced on one rank
+    config = dispatch_config()
+    fused = ov.DISPATCH_CONFIGS[config][1]
+    diag = os.environ.get(DIAG_ENV, "")
+    if diag not in ov.DIAGS:
+        raise ValueError(f"{DIAG_ENV}: expected one of {list(ov.DIAGS)}, got {diag!r}")
     mark = _stage_marker(dev)
     st = state(fast)
     rb = [_row_bytes(f) for f in fields]
@@ -274,7 +296,8 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
     side.prepare(lay.nbytes, reserved)  # host-known sizes only: the same on every rank
     scratch = st.scratch(world, t, num_experts)
     layout = torch.empty((t, world), dtype=torch.bool, device=dev)
-    ov.layout(idx, given if t else None, layout, scratch["lpos"], scratch, side.ctr, num_experts)
+    if not fused:  # (a fused config runs the layout scan inside its one launch)
+        ov.layout(idx, given if t else None, layout, scratch["lpos"], scratch, side.ctr, num_experts)
     mark("layout")
     per = num_experts // world
     outs = [_empty_words(cap, _row_bytes(f), dev) for f in fields]
@@ -289,7 +312,7 @@ def dispatch(fast: IntranodeNormal, x: XPayload, topk_idx, topk_weights, num_exp
     words = [_src_words(f) for f in fields]
     ov.dispatch(side.bufs, rank, side.ctr, side.done, lay, cap, scratch["lpos"], scratch, words, idx, w,
                 (send_pos, send_tok), outs, (out_idx, out_w, out_src), mat, counts, num_experts, align, sig,
-                SPIN_LIMIT[dev.type], launch_order)  # fmt: skip
+                SPIN_LIMIT[dev.type], launch_order, config, given if t else None, layout, diag)  # fmt: skip
     mark("overlap")
     recv_x = [_typed_out(b, f) for b, f in zip(outs, fields)]
     handle = DispatchHandle(
@@ -315,7 +338,8 @@ def combine(fast: IntranodeNormal, y: torch.Tensor, handle: DispatchHandle, topk
     reserved = side.reserve(tag_bytes(world, cap, rb))
     lay = CombineLayout.of(world, cap, rb, reserved)
     side.prepare(lay.nbytes, reserved)
-    ov.bump(side.ctr, 1)
+    if not ov.COMBINE_CONFIGS[config][2]:  # a folding config advances the epoch inside its one launch
+        ov.bump(side.ctr, 1)
     outs = [torch.empty((t, f.shape[1]), dtype=f.dtype, device=dev) for f in fields]
     words = [f.view(torch.int32) for f in fields]
     ov.combine(side.bufs, rank, side.ctr, side.done, lay, cap, handle.send_pos, handle.device_counts, fields,

@@ -93,7 +93,7 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous(
     _impl()  # validates DEEPINFER_DG_W4A16_IMPL on every path
     if config is not None and not isinstance(config, W4A16Config):
         raise TypeError(f"config: expected a W4A16Config or None, got {type(config).__name__}")
-    cuda_kernel = config is not None and config.kernel in (4, 5)  # the CUDA kernels zero-fill k tails
+    cuda_kernel = config is not None and config.kernel in cfgs.CUDA_KERNELS  # the CUDA kernels zero-fill k tails
     if config is not None and not cuda_kernel and k % config.block_k:
         raise ValueError(f"config.block_k: expected a divisor of K={k}, got {config.block_k}")
     if config is not None and not cuda_kernel and k % (config.block_k * config.split_k):
@@ -163,7 +163,7 @@ def _cuda_choice(
     if config is None and forced:
         config = parse_config(forced)
     if config is not None:
-        return config if config.kernel in (4, 5) else None
+        return config if config.kernel in cfgs.CUDA_KERNELS else None
     impl = _impl()
     if impl == "triton" or os.environ.get(ENV_VAR, "").strip().lower() == "triton":
         return None  # DEEPINFER_DEEP_GEMM_BACKEND=triton: Triton kernels only
@@ -181,9 +181,12 @@ def _run_cuda(
     cfg: W4A16Config, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """Launch the CUDA kernel of `cfg` (5: persistent, 4: one CTA per (expert, slab)) on validated operands."""
+    """Launch the CUDA kernel of `cfg` (5: persistent, 6: persistent with one pipeline per CTA, 4: one CTA per
+    (expert, slab)) on validated operands."""
     from .backends.cuda import cuda_fp4_grouped as cu
 
+    if cfg.kernel == 6:
+        return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, packed, scales, offs, out, cfg)
     if cfg.kernel == 5:
         return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, out, cfg)
     return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(a, packed, scales, offs, out, cfg)

@@ -6,9 +6,15 @@ Not wired into the engine (FP8 activations change the numerics vs the bf16-activ
 
 Dispatch as `api_w4a16.py`: CUDA tensors -> Triton unless DEEPINFER_DEEP_GEMM_BACKEND=reference; CPU tensors ->
 the PyTorch reference unless DEEPINFER_DEEP_GEMM_BACKEND=triton (needs TRITON_INTERPRET=1).
+
+Opt-in compiled kernel (`backends/cuda/cuda_w4a8_grouped.py`, FP8 wgmma, the compute-bound path): `impl="cuda"`
+(or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..; it runs on
+CUDA tensors when `_C` has it and the operands fit (else the Triton path). The default ("auto") is still Triton.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -18,7 +24,16 @@ from ._dispatch import use_triton
 from .backends.cuda.w4a8_configs import W4A8Config
 from .backends.cuda.w4a16_configs import rows_per_group
 
-__all__ = ["m_grouped_fp8_fp4_gemm_nt_offsets"]
+__all__ = ["m_grouped_fp8_fp4_gemm_nt_offsets", "IMPL_ENV", "DEFAULT_IMPL"]
+
+IMPL_ENV = "DEEPINFER_DG_W4A8_IMPL"
+# What "auto" runs on CUDA: "rows" = by rows per group (`_auto_variant`): the FP8-wgmma kernel from CUDA_MIN_ROWS rows
+# per group, Triton below. Session 6 run 2 (H200, benchmarks/results/2026-11-30-s6-bench-deep_gemm-w4a8.json; 52 GPU
+# tests passed): cuda_wg1s4 1.70-2.90x the Triton default at 64 rows / group, cuda_wg2s4 2.03-2.07x at 256 / 1,024
+# (cuda_wg1s4 wins at 64, wg2s4 from 256); fewer rows per group were not measured, so they keep Triton.
+DEFAULT_IMPL = "rows"
+CUDA_MIN_ROWS = 64
+WG2_MIN_ROWS = 256
 
 _PACKED = (torch.int8, torch.uint8)
 _E8M0 = (torch.float8_e8m0fnu, torch.uint8)
@@ -32,6 +47,7 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
     *,
     expected_m: int | None = None,
     config: W4A8Config | None = None,
+    impl: str | None = None,
 ) -> torch.Tensor:
     """Grouped GEMM: out[r] = (a[0][r] * a[1][r]) @ W_i^T for the rows r of group i, W_i = dequant(b[i]) [n, k].
 
@@ -45,6 +61,9 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
     out: bfloat16 [m, n], contiguous; allocated when None.
     expected_m: optional rows-per-group hint (picks the tile; never read on the device).
     config: optional `W4A8Config` for the Triton path (benchmark sweeps); None -> `default_w4a8_config`.
+    impl: None (env DEEPINFER_DG_W4A8_IMPL, default "auto"), "auto" (the compiled FP8-wgmma kernel from 64 rows per
+       group, Triton below: `DEFAULT_IMPL`), "triton", or "cuda" / "cuda_wg<W>s<S>[r]" (the compiled kernel on CUDA
+       tensors when built and applicable, else Triton; ignored on the reference path). A `config` forces Triton.
     Requires k % 128 == 0 and n % 16 == 0. Accumulates in float32. Returns out [m, n].
     """
     values, sfa = check_pair("a", a)
@@ -72,6 +91,12 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
         raise ValueError(f"config.split_k: expected 128 * split_k to divide K={k}, got {config.split_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=values.device)
+    cuda_variant = _cuda_variant(impl, config, rows_per_group(m, g, expected_m))
+    if values.is_cuda and cuda_variant is not None and not _forced_reference():
+        from .backends.cuda import cuda_w4a8_grouped as cw
+
+        if cw.applies(values, sfa, packed, scales) and cuda_variant in cw.compiled_variants():
+            return cw.m_grouped_fp8_fp4_gemm_nt_offsets_cuda(values, sfa, packed, scales, offs, out, cuda_variant)
     if use_triton(values.device):
         from .backends.cuda.triton_fp4_fp8_grouped import m_grouped_fp8_fp4_gemm_nt_offsets_triton
 
@@ -79,3 +104,39 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
             values, sfa, packed, scales, offs, out, config=config, expected_m=expected_m
         )
     return ref.m_grouped_fp8_fp4_gemm_nt_offsets(values, sfa, packed, scales, offs, out)
+
+
+def _auto_variant(rows: float) -> str:
+    """DEFAULT_IMPL "rows": the impl name for `rows` rows per group (see DEFAULT_IMPL's comment)."""
+    if rows < CUDA_MIN_ROWS:
+        return "triton"
+    return "cuda_wg2s4" if rows >= WG2_MIN_ROWS else "cuda_wg1s4"
+
+
+def _cuda_variant(impl: str | None, config: W4A8Config | None, rows: float) -> tuple[int, int, int] | None:
+    """The (wg, stages, rel) CUDA variant the call asks for, or None for Triton / the reference. `impl` None reads env
+    DEEPINFER_DG_W4A8_IMPL; "auto" means DEFAULT_IMPL ("rows": by `rows` rows per group). ValueError for an unknown
+    name (on every path)."""
+    from .backends.cuda.cuda_w4a8_grouped import parse_variant
+
+    choice = impl if impl is not None else (os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto")
+    if not isinstance(choice, str):
+        raise TypeError(f"impl: expected a str or None, got {type(choice).__name__}")
+    if choice == "auto":
+        choice = DEFAULT_IMPL
+    if choice == "rows":
+        choice = _auto_variant(rows)
+    if choice == "triton":
+        return None
+    try:
+        variant = parse_variant(choice)
+    except ValueError as exc:
+        raise ValueError(f"impl ({IMPL_ENV}): expected auto, triton or a CUDA name; {exc}") from None
+    return None if config is not None else variant
+
+
+def _forced_reference() -> bool:
+    """True when DEEPINFER_DEEP_GEMM_BACKEND forces the reference or Triton (the CUDA kernel then never runs)."""
+    from ._backend import ENV_VAR
+
+    return os.environ.get(ENV_VAR, "").strip().lower() in ("reference", "triton")

@@ -144,7 +144,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
         )
         self._seed_stream = random.Random(seed)
-        # DEEPINFER_ASYNC_SAMPLING=1: sample on the device and launch the next decode step before reading tokens.
+        # DEEPINFER_ASYNC_SAMPLING (default on, 0 = off): sample on the device and launch the next decode step
+        # before reading tokens.
         self.async_sampling = async_sampling_enabled()
         self._readback = TokenReadback()
         self.async_stats = {"launched_ahead": 0, "used": 0}  # steps launched before their tokens were known
@@ -309,7 +310,7 @@ class LLM:
 
     def _loop_async(self, bar: Any, start: float) -> None:
         """`_loop` with sampling on the device and the next decode step launched before this one's tokens are
-        read (DEEPINFER_ASYNC_SAMPLING=1; see async_sampling.py). Same tokens as `_loop`."""
+        read (DEEPINFER_ASYNC_SAMPLING, on by default; see async_sampling.py). Same tokens as `_loop`."""
         ahead: tuple[list[ScheduledChunk], torch.Tensor] | None = None  # launched step and its logits
         for batch in self._batches(bar, start):
             launched, ahead = ahead, None

@@ -32,6 +32,9 @@ are doubled by epoch parity so a fast rank's next call cannot overwrite what a s
 rank's call N + 1 always waits for every peer's count flag (dispatch) or combine flag (combine) of N + 1,
 which that peer sets only after finishing call N, so no rank gets two calls ahead of a peer. A wait that
 spins longer than `spin_limit` polls sets ctr[2] = 1 and proceeds (`timed_out`).
+Session 6 (opt-in, the same results): `DISPATCH_CONFIGS` ("early": the count column flagged before the rest of the
+row; "fused": + the layout scan inside the dispatch launch, the epoch advanced in it), `COMBINE_CONFIGS` "fold"
+(the epoch bump inside the combine launch) and "send2" (2x the send programs); `DIAGS`: benchmark-only kernels.
 Buffers: every rank's buffer viewed as int32 words (`peers32`, row data) and int64 (`peers64`, flags and
 counts); a peer is picked with the constexpr chains of `ll._store_peer` (stores masked off for the others).
 """
@@ -52,10 +55,17 @@ BLOCK_T = 32 if INTERPRET else 4  # rows per mover step (the tuned gather's shap
 BLOCK_W = 1024  # words per mover step
 LAYOUT_BT = 32 if INTERPRET else 128  # tokens per layout block program
 LAYOUT_BE = 32  # experts per counting program
+FUSED_BE = 32  # experts per counting program inside the fused dispatch launch (8: 4x the programs, 114 registers too)
+# register cap of the fused dispatch launch (ptxas -v, Triton 3.6, sm_90a, R = 2 bf16: 114 registers uncapped, i.e.
+# 4 programs per SM instead of the base kernel's 72 / 7; capped: 116 bytes of spill stores, 136 of loads)
+FUSED_MAXNREG = 72
 MAX_K = 16  # top-k slots a row (the copy-out moves a row's metadata as one 32-word block)
 MAX_PERSIST = 2 if INTERPRET else 128  # persistent programs per peer (copy-out) / for the padding
 NEVER = tl.constexpr(-7)  # compare value of the acquiring CAS: never equal to a flag, so it never writes
 FLAG_CNT = tl.constexpr(0)  # int64 flags at the head of the dispatch buffer: [count flags (8)]
+FLAG_EARLY = tl.constexpr(8)  # then [early count flags (8)]: only the rows-per-rank part of the row is in
+LAYOUT_FLAG = tl.constexpr(3)  # ctr[3] of the dispatch side: the epoch whose layout programs (fused launch) are done
+FLAG_FOLD = tl.constexpr(7)  # the combine side's `done` slot that counts the started programs of a folded launch
 FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
 BIG: tl.constexpr = tl.constexpr(1 << 62)
 # program orders of the dispatch launch (`dispatch(order=...)`, `_role_pid`): "serial" (session 4: A, B, C, D,
@@ -76,7 +86,32 @@ EARLY_MAX = 128
 # sm_90a PTX, R = 2, no weights: base and wide 108, wide4 167, i.e. 3 per SM). Twice the tokens per program halves
 # the programs and keeps twice the bytes in flight per chain.
 # Results are the same bits: each token is still summed over ranks in ascending order, in fp32, one rounding.
-COMBINE_CONFIGS = {"base": 1, "wide": 2, "wide4": 4}  # name -> reduce rows per program, in units of BLOCK_T
+# Session 6 adds (opt-in): "fold" (the epoch bump folded into the combine launch: one launch instead of two; every
+# program counts itself in a local counter right after reading the epoch, the last program, once every other one
+# has started, stores the new epoch for the next call), "send2" (2x the persistent send programs per peer: twice
+# the rows in flight per release fence), and their mixes with "wide".
+# name -> (reduce rows per program in units of BLOCK_T, send programs per peer in units of MAX_PERSIST, fold)
+COMBINE_CONFIGS = {
+    "base": (1, 1, False),
+    "wide": (2, 1, False),
+    "wide4": (4, 1, False),
+    "fold": (1, 1, True),
+    "wide_fold": (2, 1, True),
+    "send2": (1, 2, False),
+    "wide_fold_send2": (2, 2, True),
+}
+# dispatch configs (`dispatch(config=...)`, DEEPINFER_DEEP_EP_OVERLAP_DISPATCH): "base" (the default: the count
+# flag once the whole exchange row is in every peer's buffer), "early" (session 6, opt-in: the rows-per-rank part
+# first with its own flag, FLAG_EARLY, which the own-block copy, the copy-out and the padding wait for; the per-expert
+# counts, summed over the layout blocks 8 at a time instead of one dependent load per block, follow with the full
+# flag, which only the plan waits for). Why: rank r's own-block programs and every copy-out program spin until the
+# flags of the (lower) ranks arrive, holding SM slots the pushes need; the full row's 32 block loads in series delay
+# those flags), "fused" (session 6, opt-in: "early" + the layout scan's programs first in the same launch, no layout
+# launch: the kernel boundary and the second launch's ramp go; see `_dispatch_kernel`). Same results, bit for bit.
+DISPATCH_CONFIGS = {"base": (False, False), "early": (True, False), "fused": (True, True)}  # name -> (early, fused)
+# Benchmark-only diagnostics (`dispatch(diag=...)`; WRONG results: never for real calls): the base kernel with the
+# own-block copy (C) and / or the copy-out (D) programs doing nothing, to split its time beyond the push.
+DIAGS = {"": 0, "no_self": 1, "no_copyout": 2, "push_only": 3}  # name -> bits: 1 skips C, 2 skips D
 
 
 def _p2(n: int) -> int:
@@ -87,7 +122,7 @@ def _p2(n: int) -> int:
 @triton.jit
 def _layout_block(blk, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_rank, num_experts, nb,
                   R: tl.constexpr, RP: tl.constexpr, HAS_GIVEN: tl.constexpr, BT: tl.constexpr,
-                  BK: tl.constexpr):  # fmt: skip
+                  BK: tl.constexpr, BUMP: tl.constexpr):  # fmt: skip
     """Token block blk: layout, in-block places per destination, rows per destination, id range, checks."""
     toks = blk * BT + tl.arange(0, BT)
     tm = toks < t
@@ -113,8 +148,9 @@ def _layout_block(blk, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_ran
     tl.store(bstat + blk * (2 + R), lo)
     tl.store(bstat + blk * (2 + R) + 1, hi)
     tl.store(bstat + blk * (2 + R) + 2 + rr, bad, mask=rr < R)
-    if blk == 0:  # the epoch of this dispatch (read by the next launch, in stream order)
-        tl.store(ctr, tl.load(ctr) + 1)
+    if BUMP:  # (compile-time: the fused dispatch launch advances the epoch itself)
+        if blk == 0:  # the epoch of this dispatch (read by the next launch, in stream order)
+            tl.store(ctr, tl.load(ctr) + 1)
 
 
 @triton.jit
@@ -138,7 +174,7 @@ def _layout_kernel(idx, given, layout, lpos, bcnt, bstat, bexp, ctr, t, k, per_r
     pid = tl.program_id(0)
     if pid < nb:
         _layout_block(pid, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_rank, num_experts, nb,
-                      R, RP, HAS_GIVEN, BT, BK)  # fmt: skip
+                      R, RP, HAS_GIVEN, BT, BK, True)  # fmt: skip
     else:
         _layout_experts(pid - nb, idx, bexp, t, k, num_experts, neb, BT, BK, BE)
 
@@ -238,9 +274,11 @@ def _done(done, j, n_prog, peers64, d, flag_at, ep, R: tl.constexpr):
 @triton.jit
 def _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
                   sig0, sig1, sig2, sig3, sig4, ep,
-                  R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BE: tl.constexpr):  # fmt: skip
+                  R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BE: tl.constexpr,
+                  EARLY: tl.constexpr):  # fmt: skip
     """Our exchange row [rows per rank | tokens per expert | 5 signature words | id min | id max | bad per
-    rank] into every rank's count area slot `rank`, then our count flag in every rank's buffer."""
+    rank] into every rank's count area slot `rank`, then our count flag in every rank's buffer. EARLY: the rows
+    per rank first, with our early flag (FLAG_EARLY) in every rank's buffer, and the expert sums 8 blocks a load."""
     rr = tl.arange(0, RP)
     bb = tl.arange(0, NBP)
     row = cnt_at + rank * rw
@@ -257,6 +295,12 @@ def _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_ex
         s = tl.load(bstat + (b0 + bb)[None, :] * (2 + R) + 2 + rr[:, None], mask=(rr < R)[:, None] & bm[None, :],
                     other=0)  # fmt: skip
         bad = tl.maximum(bad, tl.max(s, axis=1))
+    if EARLY:  # (compile-time) the part the copies need, flagged on its own
+        for dd in tl.static_range(R):
+            _store_peer(peers64, dd, row + rr, tot, rr < R)
+        tl.debug_barrier()
+        for dd in tl.static_range(R):
+            _flag_peer(peers64, dd, FLAG_EARLY + rank, ep)
     tail = R + num_experts
     ee = tl.arange(0, BE)
     jj = tl.arange(0, 8)
@@ -273,8 +317,15 @@ def _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_ex
     for e0 in range(0, num_experts, BE):
         em = (e0 + ee) < num_experts
         acc = tl.zeros((BE,), dtype=tl.int64)
-        for b in range(0, nb):
-            acc += tl.load(bexp + b * num_experts + e0 + ee, mask=em, other=0)
+        if EARLY:  # [8 blocks, BE] a load: 4 loads in series at 32 blocks instead of 32
+            b8 = tl.arange(0, 8)
+            for b0 in range(0, nb, 8):
+                m8 = ((b0 + b8) < nb)[:, None] & em[None, :]
+                v8 = tl.load(bexp + (b0 + b8)[:, None] * num_experts + e0 + ee[None, :], mask=m8, other=0)
+                acc += tl.sum(v8, axis=0)
+        else:
+            for b in range(0, nb):
+                acc += tl.load(bexp + b * num_experts + e0 + ee, mask=em, other=0)
         for dd in tl.static_range(R):
             _store_peer(peers64, dd, row + R + e0 + ee, acc, em)
     tl.debug_barrier()
@@ -378,14 +429,14 @@ def _role_push(q, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send
 def _role_self(q, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc,
                rank, t, k, nb, cap, per_rank, ep, cnt_at, rw, w0, w1, ncb, spin_limit,
                NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
-               BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr):  # fmt: skip
+               BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr, FW: tl.constexpr):  # fmt: skip
     """C: one (token block, column block) of our own block into the outputs at recv_off(rank, rank), known
-    once the lower ranks' counts are in."""
+    once the lower ranks' counts are in (their flags at FW: FLAG_CNT, or FLAG_EARLY)."""
     blk = q // ncb
     cb = q % ncb
     for s in tl.static_range(R):
         if s < rank:
-            _wait(me64 + FLAG_CNT + s, ep, ctr, spin_limit)
+            _wait(me64 + FW + s, ep, ctr, spin_limit)
     col = _count_col(me64, cnt_at, rw, rank, R, RP)
     qq = tl.arange(0, RP)
     row0 = tl.sum(tl.where(qq < rank, col, 0), axis=0)
@@ -410,14 +461,14 @@ def _copy_words(src, dst, w, src_rows, dst_rows, rm, cols):
 def _role_recv(q, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep, par, cnt_at, rw,
                ox0, ox1, oid, ow, osrc, otag, w0, w1, ncb, nper, spin_limit,
                NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr,
-               BW: tl.constexpr, NCBP: tl.constexpr):  # fmt: skip
+               BW: tl.constexpr, NCBP: tl.constexpr, FW: tl.constexpr):  # fmt: skip
     """D: persistent program `q % nper` of peer q // nper: once every count is in, copy that peer's rows
     from our buffer (its region, this parity) into the outputs at recv_off(src, rank), each block of rows
     as soon as its arrival tags say it landed (while the rest is still in flight)."""
     j = q // nper
     sub = q % nper
     src = (rank + 1 + j) % R
-    _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
+    _wait_all(me64, FW, ep, ctr, spin_limit, R)
     col = _count_col(me64, cnt_at, rw, rank, R, RP)
     qq = tl.arange(0, RP)
     row0 = tl.sum(tl.where(qq < src, col, 0), axis=0)
@@ -442,9 +493,9 @@ def _role_recv(q, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep
 
 @triton.jit
 def _role_pad(q, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep, cnt_at, rw, npad, spin_limit,
-              R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr):  # fmt: skip
+              R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, FW: tl.constexpr):  # fmt: skip
     """E (padding): rows from the received count to W: ids -1, weights 0, source -1 (int32 words)."""
-    _wait_all(me64, FLAG_CNT, ep, ctr, spin_limit, R)
+    _wait_all(me64, FW, ep, ctr, spin_limit, R)
     col = _count_col(me64, cnt_at, rw, rank, R, RP)
     n = tl.minimum(tl.sum(col, axis=0), cap)
     c2 = tl.arange(0, 32)
@@ -484,6 +535,61 @@ def _role_pid(pid, n_push, n_self, n_early, mix, R: tl.constexpr):
 
 
 @triton.jit
+def _dispatch_roles(
+    raw, ep, n_prog,     peers32, peers64, me32, me64, ctr, done, lpos, bcnt, bstat, bexp,
+    x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat, counts,
+    rank, t, k, nb, cap, per_rank, num_experts, align, cnt0, rw, par, ox0, ox1, oid, oww, osr, otag0, tpar, w0, w1,
+    sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, n_early, spin_limit,
+    NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
+    BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr, BE: tl.constexpr, EP: tl.constexpr, NCBP: tl.constexpr,
+    MIXED: tl.constexpr, EARLY: tl.constexpr, FW: tl.constexpr, FUSED: tl.constexpr, DIAG: tl.constexpr,
+):  # fmt: skip
+    """The roles of the dispatch launch for program `raw` (in launch order) of epoch ep (see `_dispatch_kernel`)."""
+    # Roles by program id (see the module docstring; `_role_pid` maps the launch order onto them); the runtime
+    # if/else chain only calls helpers (Triton 3.6 rejects a name typed differently in two branches), each
+    # helper derives its own indices.
+    cnt_at = cnt0 + (ep % 2) * R * rw  # this parity's count area (int64 words)
+    otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
+    n_push = (R - 1) * nbt * ncb
+    n_self = nbt * ncb
+    n_recv = (R - 1) * nper
+    if MIXED:  # compile-time: the serial order's code is the session-4 kernel's
+        pid = _role_pid(raw, n_push, n_self, n_early, 1, R)
+    else:
+        pid = raw
+    if FUSED:  # (compile-time) A, B and C read the layout programs' results: wait for all of them
+        if pid < 1 + n_push + n_self:
+            _wait(ctr + LAYOUT_FLAG, ep, ctr, spin_limit)
+    if pid == 0:
+        _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
+                      sig0, sig1, sig2, sig3, sig4, ep, R, RP, NBP, BE, EARLY)  # fmt: skip
+    elif pid < 1 + n_push:
+        _role_push(pid - 1, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, rank, t,
+                   k, nb, cap, per_rank, ep, par, ox0, ox1, oid, oww, osr, otag, w0, w1, nbt, ncb,
+                   NX, R, RP, NBP, BT, BW, BK, LBT)  # fmt: skip
+    elif pid < 1 + n_push + n_self:
+        if DIAG % 2 == 0:  # (compile-time; DIAGS: benchmark-only)
+            _role_self(pid - 1 - n_push, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx,
+                       ow, osrc, rank, t, k, nb, cap, per_rank, ep, cnt_at, rw, w0, w1, ncb, spin_limit,
+                       NX, R, RP, NBP, BT, BW, BK, LBT, FW)  # fmt: skip
+    elif pid < 1 + n_push + n_self + n_recv:
+        if DIAG < 2:  # (compile-time)
+            _role_recv(pid - 1 - n_push - n_self, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep,
+                       par, cnt_at, rw, ox0, ox1, oid, oww, osr, otag, w0, w1, ncb, nper, spin_limit,
+                       NX, R, RP, BT, BW, NCBP, FW)  # fmt: skip
+    elif pid < 1 + n_push + n_self + n_recv + npad:
+        _role_pad(pid - 1 - n_push - n_self - n_recv, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep,
+                  cnt_at, rw, npad, spin_limit, R, RP, BT, FW)  # fmt: skip
+    else:
+        _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, ep, cnt_at, rw, spin_limit,
+                   R, RP, EP)  # fmt: skip
+        if FUSED:  # (compile-time) the last program: the epoch for the next call, once every program has read it
+            _wait_started(done, n_prog - 1, ctr, spin_limit)
+            tl.store(done, 0)
+            tl.store(ctr, ep)
+
+
+@triton.jit
 def _dispatch_kernel(
     peers32, peers64, me32, me64, ctr, done, lpos, bcnt, bstat, bexp,
     x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat, counts,
@@ -491,50 +597,70 @@ def _dispatch_kernel(
     sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, n_early, spin_limit,
     NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, NBP: tl.constexpr, BT: tl.constexpr,
     BW: tl.constexpr, BK: tl.constexpr, LBT: tl.constexpr, BE: tl.constexpr, EP: tl.constexpr, NCBP: tl.constexpr,
-    MIXED: tl.constexpr,
+    MIXED: tl.constexpr, EARLY: tl.constexpr, FW: tl.constexpr, FUSED: tl.constexpr,
+    given, layout, n_layout, neb, HAS_GIVEN: tl.constexpr, LBE: tl.constexpr, DIAG: tl.constexpr,
 ):  # fmt: skip
-    # Roles by program id (see the module docstring; `_role_pid` maps the launch order onto them); the runtime
-    # if/else chain only calls helpers (Triton 3.6 rejects a name typed differently in two branches), each
-    # helper derives its own indices.
-    ep = tl.load(ctr).to(tl.int64)
-    cnt_at = cnt0 + (ep % 2) * R * rw  # this parity's count area (int64 words)
-    otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
-    n_push = (R - 1) * nbt * ncb
-    n_self = nbt * ncb
-    n_recv = (R - 1) * nper
-    if MIXED:  # compile-time: the serial order's code is the session-4 kernel's
-        pid = _role_pid(tl.program_id(0), n_push, n_self, n_early, 1, R)
+    # FUSED (compile-time; "fused" in DISPATCH_CONFIGS): the layout scan's programs run first in this launch
+    # (no layout launch before it); the epoch is ctr[0] + 1 here, every program but the last counts itself in
+    # done[0] once it has read ctr[0] (the count depends on the value read), the last program stores the epoch;
+    # the layout programs count themselves in done[2] as they finish, the last of them sets ctr[LAYOUT_FLAG] = ep
+    # (release), which A, B and C wait for. Otherwise: the session-5 kernel (the layout launch advanced ctr[0]).
+    if FUSED:
+        raw = tl.program_id(0)
+        n_prog = tl.num_programs(0)
+        ep = tl.load(ctr).to(tl.int64) + 1
+        if raw < n_prog - 1:
+            tl.atomic_add(done, (ep >= 0).to(tl.int32), sem="relaxed")
+        if raw < n_layout:
+            _layout_prog(raw, idx, given, layout, lpos, bcnt, bstat, bexp, ctr, done, t, k, per_rank, num_experts,
+                         nb, neb, n_layout, ep, R, RP, HAS_GIVEN, LBT, BK, LBE)  # fmt: skip
+        else:
+            _dispatch_roles(
+                raw - n_layout, ep, n_prog, peers32, peers64, me32, me64, ctr, done, lpos, bcnt, bstat, bexp, x0, x1,
+                idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat, counts, rank, t, k,
+                nb, cap, per_rank, num_experts, align, cnt0, rw, par, ox0, ox1, oid, oww, osr, otag0, tpar, w0, w1,
+                sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, n_early, spin_limit, NX, R, RP, NBP, BT, BW, BK,
+                LBT, BE, EP, NCBP, MIXED, EARLY, FW, FUSED, DIAG
+            )  # fmt: skip
     else:
-        pid = tl.program_id(0)
-    if pid == 0:
-        _role_publish(peers64, me64, bcnt, bstat, bexp, rank, nb, cnt_at, rw, num_experts,
-                      sig0, sig1, sig2, sig3, sig4, ep, R, RP, NBP, BE)  # fmt: skip
-    elif pid < 1 + n_push:
-        _role_push(pid - 1, peers32, peers64, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, rank, t,
-                   k, nb, cap, per_rank, ep, par, ox0, ox1, oid, oww, osr, otag, w0, w1, nbt, ncb,
-                   NX, R, RP, NBP, BT, BW, BK, LBT)  # fmt: skip
-    elif pid < 1 + n_push + n_self:
-        _role_self(pid - 1 - n_push, me64, ctr, lpos, bcnt, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx,
-                   ow, osrc, rank, t, k, nb, cap, per_rank, ep, cnt_at, rw, w0, w1, ncb, spin_limit,
-                   NX, R, RP, NBP, BT, BW, BK, LBT)  # fmt: skip
-    elif pid < 1 + n_push + n_self + n_recv:
-        _role_recv(pid - 1 - n_push - n_self, me32, me64, ctr, o0, o1, oid32, ow32, osrc32, rank, k, cap, ep,
-                   par, cnt_at, rw, ox0, ox1, oid, oww, osr, otag, w0, w1, ncb, nper, spin_limit,
-                   NX, R, RP, BT, BW, NCBP)  # fmt: skip
-    elif pid < 1 + n_push + n_self + n_recv + npad:
-        _role_pad(pid - 1 - n_push - n_self - n_recv, me64, ctr, oid32, ow32, osrc32, rank, k, cap, ep,
-                  cnt_at, rw, npad, spin_limit, R, RP, BT)  # fmt: skip
+        _dispatch_roles(
+            tl.program_id(0), tl.load(ctr).to(tl.int64), 0, peers32, peers64, me32, me64, ctr, done, lpos, bcnt,
+            bstat, bexp, x0, x1, idx, wts, send_pos, send_tok, o0, o1, oidx, ow, osrc, oid32, ow32, osrc32, mat,
+            counts, rank, t, k, nb, cap, per_rank, num_experts, align, cnt0, rw, par, ox0, ox1, oid, oww, osr, otag0,
+            tpar, w0, w1, sig0, sig1, sig2, sig3, sig4, nbt, ncb, nper, npad, n_early, spin_limit, NX, R, RP, NBP, BT,
+            BW, BK, LBT, BE, EP, NCBP, MIXED, EARLY, FW, FUSED, DIAG
+        )  # fmt: skip
+
+
+@triton.jit
+def _layout_prog(pid, idx, given, layout, lpos, bcnt, bstat, bexp, ctr, done, t, k, per_rank, num_experts, nb, neb,
+                 n_layout, ep, R: tl.constexpr, RP: tl.constexpr, HAS_GIVEN: tl.constexpr, BT: tl.constexpr,
+                 BK: tl.constexpr, BE: tl.constexpr):  # fmt: skip
+    """A layout program inside the fused dispatch launch (`_layout_kernel`'s work, no epoch bump), then counted
+    in done[2]; the last one to finish resets the count and sets ctr[LAYOUT_FLAG] = ep (release)."""
+    if pid < nb:
+        _layout_block(pid, idx, given, layout, lpos, bcnt, bstat, ctr, t, k, per_rank, num_experts, nb,
+                      R, RP, HAS_GIVEN, BT, BK, False)  # fmt: skip
     else:
-        _role_plan(me64, ctr, mat, counts, rank, per_rank, num_experts, align, cap, ep, cnt_at, rw, spin_limit,
-                   R, RP, EP)  # fmt: skip
+        _layout_experts(pid - nb, idx, bexp, t, k, num_experts, neb, BT, BK, BE)
+    tl.debug_barrier()  # every thread's stores precede the count's release
+    old = tl.atomic_add(done + 2, 1, sem="acq_rel")
+    if old == n_layout - 1:
+        tl.atomic_xchg(done + 2, 0)
+        tl.atomic_xchg(ctr + LAYOUT_FLAG, ep, sem="release")
 
 
 def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.Tensor, lay, cap: int,
              lpos: torch.Tensor, scratch: dict[str, torch.Tensor], xs: list[torch.Tensor], idx: torch.Tensor,
              wts: torch.Tensor, handle: tuple[torch.Tensor, torch.Tensor], outs: list[torch.Tensor],
              meta_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], mat: torch.Tensor, counts: torch.Tensor,
-             num_experts: int, align: int, sig: list[int], spin_limit: int, order: str = "serial") -> None:  # fmt: skip
-    """The overlapped dispatch launch (roles A..E, see the module docstring), programs in `order` (`ORDERS`).
+             num_experts: int, align: int, sig: list[int], spin_limit: int, order: str = "serial",
+             config: str = "base", given: torch.Tensor | None = None,
+             layout: torch.Tensor | None = None, diag: str = "") -> None:  # fmt: skip
+    """The overlapped dispatch launch (roles A..E, see the module docstring), programs in `order` (`ORDERS`),
+    built as `config` says (`DISPATCH_CONFIGS`; the same results either way). A "fused" config runs the layout
+    scan itself (given: is_token_in_rank bool [t, R] to check or None, layout: bool [t, R] out, as `layout`
+    takes them; the caller skips `layout`); the others need `layout` run first (it advances the epoch).
 
     bufs: every rank's uint8 buffer (this rank's included); lay: `_overlap.DispatchLayout`; xs: 1 or 2 payload
     fields as int32 words [t, w]; outs: the payload outputs int32 [W, w]; meta_out: (ids int64 [W, k],
@@ -553,22 +679,36 @@ def dispatch(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch
     nb, nbt, ncb = num_blocks(t), max(1, triton.cdiv(t, BLOCK_T)), triton.cdiv(width, BLOCK_W)
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {sorted(ORDERS)}, got {order!r}")
+    if config not in DISPATCH_CONFIGS:
+        raise ValueError(f"config: expected one of {list(DISPATCH_CONFIGS)}, got {config!r}")
+    early, fused = DISPATCH_CONFIGS[config]
+    if diag not in DIAGS:
+        raise ValueError(f"diag: expected one of {list(DIAGS)}, got {diag!r}")
+    if fused and layout is None:
+        raise ValueError(f"layout: the {config!r} dispatch writes the layout rows, expected a bool [t, R] tensor")
     nper = npad = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
     n_early, mixed = 0, order == "mixed"
     if mixed and bufs[rank].device.type == "cuda":  # early copy-out programs: at most EARLY_MAX spinning ones
         nper = max(1, min(nper, EARLY_MAX // (world - 1)))
         n_early = (world - 1) * nper
     grid = 1 + (world - 1) * nbt * ncb + nbt * ncb + (world - 1) * nper + npad + 1
+    neb = triton.cdiv(num_experts, FUSED_BE)
+    n_layout = nb + nb * neb if fused else 0
+    lay_u8 = layout.view(torch.uint8) if fused else counts  # (unused unless fused)
+    given_u8 = given.contiguous().view(torch.uint8) if fused and given is not None else lay_u8
     oidx, ow, osrc = meta_out
     per_rank = num_experts // world
-    _dispatch_kernel[(grid,)](
+    cap_regs = {"maxnreg": FUSED_MAXNREG} if fused and not INTERPRET else {}
+    _dispatch_kernel[(n_layout + grid,)](
         peers32, peers64, bufs[rank].view(torch.int32), bufs[rank].view(torch.int64), ctr, done, lpos,
         scratch["bcnt"], scratch["bstat"], scratch["bexp"], x0, x1, idx, wts, handle[0], handle[1], o0, o1,
         oidx, ow, osrc, oidx.view(torch.int32), ow.view(torch.int32), osrc.view(torch.int32), mat, counts,
         rank, t, k, nb, cap, per_rank, num_experts, align, lay.cnt, lay.rw, lay.par, lay.x0, lay.x1, lay.ids,
         lay.wts, lay.src, lay.tags, lay.tpar, x0.shape[1], x1.shape[1], *sig, nbt, ncb, nper, npad, n_early, spin_limit,
         NX=len(xs), R=world, RP=_p2(world), NBP=min(_p2(nb), 128), BT=BLOCK_T, BW=BLOCK_W, BK=_p2(k),
-        LBT=LAYOUT_BT, BE=256, EP=_p2(per_rank), NCBP=_p2(ncb), MIXED=mixed,
+        LBT=LAYOUT_BT, BE=256, EP=_p2(per_rank), NCBP=_p2(ncb), MIXED=mixed, EARLY=early,
+        FW=FLAG_EARLY.value if early else FLAG_CNT.value, FUSED=fused, given=given_u8, layout=lay_u8,
+        n_layout=n_layout, neb=neb, HAS_GIVEN=fused and given is not None, LBE=FUSED_BE, DIAG=DIAGS[diag], **cap_regs,
     )  # fmt: skip
     if ncb != lay.ncb:
         raise ValueError(f"lay: laid out for {lay.ncb} column blocks of tags, the payload needs {ncb}")
@@ -658,10 +798,20 @@ def _combine_kernel(
     nbt, n_red1, spin_limit,
     NX: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
     BW0: tl.constexpr, BW1: tl.constexpr, BF16_0: tl.constexpr, NCBP: tl.constexpr, BTR: tl.constexpr,
+    FOLD: tl.constexpr,
 ):  # fmt: skip
     # BT: rows per send step; BTR: tokens per reduce program (`COMBINE_CONFIGS`; nbt counts blocks of BTR)
+    # FOLD: no bump launch before this one: the epoch is ctr[1] + 1 here, and every program but the last counts
+    # itself in done[FLAG_FOLD] once it has read ctr[1] (the count depends on the value read, so it cannot land
+    # before the read); the last program, once all the others have counted, stores the epoch into ctr[1]
     pid = tl.program_id(0)
-    ep = tl.load(ctr + 1).to(tl.int64)
+    n_prog = tl.num_programs(0)
+    if FOLD:
+        ep = tl.load(ctr + 1).to(tl.int64) + 1
+        if pid < n_prog - 1:
+            tl.atomic_add(done + FLAG_FOLD, (ep >= 0).to(tl.int32), sem="relaxed")
+    else:
+        ep = tl.load(ctr + 1).to(tl.int64)
     otag = otag0 + (ep % 2) * tpar  # this parity's arrival tags (int64 words)
     n_send = (R - 1) * nper
     n_red0 = nbt * ncb0
@@ -679,6 +829,22 @@ def _combine_kernel(
         for d in tl.static_range(R):
             if d != rank:
                 _wait(me64 + FLAG_CMB + d, ep, ctr, spin_limit)
+        if FOLD:
+            _wait_started(done + FLAG_FOLD, n_prog - 1, ctr, spin_limit)
+            tl.store(done + FLAG_FOLD, 0)  # every other program has counted: reset for the next call
+            tl.store(ctr + 1, ep)  # read by the next combine (stream order)
+
+
+@triton.jit
+def _wait_started(ptr, n, ctr, spin_limit):
+    """Spin until the int32 counter at ptr reaches n (volatile polls; the value is all that is needed)."""
+    v = tl.load(ptr, volatile=True)
+    c = tl.program_id(0) * 0
+    while (v < n) & (c < spin_limit):
+        v = tl.load(ptr, volatile=True)
+        c += 1
+    if c >= spin_limit:
+        tl.store(ctr + 2, 1)
 
 
 def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.Tensor, lay, cap: int,
@@ -689,11 +855,13 @@ def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.
     fields: y [W, h] (bf16 / fp16 / fp32) and optionally the weights fp32 [W, k]; words: their int32 views;
     outs: [t, h] / [t, k] of the same dtypes (out); pos: the handle's send_pos int64 [R, t]; mat: its
     device_counts; lay: `_overlap.CombineLayout` (word offsets of the field regions, parity stride); config:
-    a key of `COMBINE_CONFIGS` (tokens per reduce program; the same results, bit for bit).
+    a key of `COMBINE_CONFIGS` (tokens per reduce program, send programs, folded epoch bump: the same results,
+    bit for bit). A config that does not fold needs `bump(ctr, 1)` first; one that folds must not have it.
     """
     if config not in COMBINE_CONFIGS:
         raise ValueError(f"config: expected one of {sorted(COMBINE_CONFIGS)}, got {config!r}")
-    btr = BLOCK_T * COMBINE_CONFIGS[config]
+    red, send, fold = COMBINE_CONFIGS[config]
+    btr = BLOCK_T * red
     world, t = pos.shape
     y0, y1 = words[0], words[-1]
     f0, f1 = fields[0], fields[-1]
@@ -702,7 +870,7 @@ def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.
     bw0, bw1 = min(512, _p2(h0)), min(512, _p2(h1))
     ncb, ncb0, ncb1 = triton.cdiv(max(y0.shape[1], y1.shape[1]), BLOCK_W), triton.cdiv(h0, bw0), triton.cdiv(h1, bw1)
     nbt = max(1, triton.cdiv(t, btr))  # >= 1 waiting program even with no tokens (see the docstring)
-    nper = max(1, min(MAX_PERSIST, triton.cdiv(cap, BLOCK_T)))
+    nper = max(1, min(MAX_PERSIST * send, triton.cdiv(cap, BLOCK_T)))
     n_red1 = nbt * ncb1 if len(fields) == 2 else 0
     grid = (world - 1) * nper + nbt * ncb0 + n_red1 + 1
     if ncb != lay.ncb:
@@ -719,5 +887,5 @@ def combine(bufs: list[torch.Tensor], rank: int, ctr: torch.Tensor, done: torch.
         rank, t, cap, lay.par, lay.y0, lay.y1, lay.tags, lay.tpar, y0.shape[1], y1.shape[1], h0, h1,
         lay.par * e0, lay.par * e1, lay.y0 * e0, lay.y1 * e1, ncb, ncb0, ncb1, nper, nbt, n_red1, spin_limit,
         NX=len(fields), R=world, RP=_p2(world), BT=BLOCK_T, BW=BLOCK_W, BW0=bw0, BW1=bw1, BF16_0=bf16,
-        NCBP=_p2(ncb), BTR=btr,
+        NCBP=_p2(ncb), BTR=btr, FOLD=fold,
     )  # fmt: skip

@@ -21,11 +21,12 @@ import functools
 import torch
 
 from ..._backend import compiled_module
-from .w4a16_configs import CUDA_P_VARIANTS, CUDA_VARIANTS, W4A16Config, cuda_p_variant, cuda_variant
+from .w4a16_configs import CUDA_P_VARIANTS, CUDA_S_VARIANTS, CUDA_VARIANTS, W4A16Config, cuda_p_variant, cuda_variant
 
 __all__ = [
     "available", "applies", "compiled_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda",
     "available_p", "compiled_p_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p",
+    "available_s", "compiled_s_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s",
 ]  # fmt: skip
 
 
@@ -183,3 +184,43 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(
     extra_ok = offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0
     _check_launchable(config, variant, compiled, missing, a, packed, scales, extra_ok)
     return _launch(_module().fp4_w4a16_p_grouped, variant, a, packed, scales, offs, out)
+
+
+# ---- kernel 6 (session 6, by name only): kernel 5's tiles in one cp.async pipeline per CTA across its work items,
+# (token block, slab) work items (csrc/cuda/dg_fp4_persistent.cuh, fp4_w4a16_stream_kernel).
+
+
+def available_s() -> bool:
+    """True when `_C` has kernel 6."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "fp4_w4a16_s_grouped")
+
+
+def compiled_s_variants() -> tuple[tuple[int, int, int, int, int], ...]:
+    """(kt, tn, warps, rt, stages) of every kernel-6 variant `_C` was built with (empty without it)."""
+    return tuple(tuple(v) for v in _module().fp4_w4a16_s_variants()) if available_s() else ()
+
+
+def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(
+    a: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor | None,
+    config: W4A16Config,
+) -> torch.Tensor:
+    """Kernel 6 on the operands of `m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p` (same contract: a bf16 [m, k],
+    packed [g, n, k/2], scales [g, n, k/32] E8M0 bytes, offs int32 [g] cumulative ends read on the device, out bf16
+    [m, n] or None to allocate; rows past offs[-1] are not written). config: a kernel-6 `W4A16Config` (`...cs`).
+    Raises ValueError for bad operands or config, RuntimeError when `_C` lacks the kernel or the variant."""
+    variant = cuda_p_variant(config) if config.kernel == 6 else None
+    if variant not in CUDA_S_VARIANTS:
+        raise ValueError(f"config: expected a kernel-6 config of CUDA_S_VARIANTS, got {config.name!r}")
+    _check_p_operands(a, packed, scales, offs, out)
+    if out is None:
+        out = torch.empty((a.shape[0], packed.shape[1]), dtype=torch.bfloat16, device=a.device)
+    missing = "deep_gemm._C lacks FP4 kernel 6 (rebuild this tree with DEEPINFER_DEVICE=cuda)"
+    compiled = compiled_s_variants() if available_s() else None
+    extra_ok = offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0
+    _check_launchable(config, variant, compiled, missing, a, packed, scales, extra_ok)
+    return _launch(_module().fp4_w4a16_s_grouped, variant, a, packed, scales, offs, out)

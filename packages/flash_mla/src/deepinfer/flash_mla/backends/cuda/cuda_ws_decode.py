@@ -35,6 +35,17 @@ as ws3 (both caches, no extra cache, no ablations) in a persistent grid of min(#
 block) at a static stride, its producer's ring runs on into the next item's first tiles and the next item's Q is loaded
 while the consumers finish the current one. `max_ctas=` caps the grid (tests: several items per CTA).
 
+ws3p options (session 6, NOT yet GPU-run; `variant=` "ws3pw" / "ws3pl" / "ws3pe" / "ws3px", no route picks them):
+ws3p compiled with option flags (`WS3P_OPTS`, fm_ws3_decode.cu kOpt*; `_C.sparse_decode_ws3p_opt`), each keeping
+ws3p's results bit for bit: "ws3pw" the FP8 producer loads all 16 rows of a warp before storing (one load round trip
+per tile instead of two; 120 / 192 producer / consumer registers; BF16: ws3p itself), "ws3pl" O *= alpha skipped by a
+warp whose rows all kept their running max (alpha == 1 exactly), "ws3pe" the next tile's scores issued right behind
+P @ V when that tile has already landed (a non-blocking test voted per warpgroup; otherwise ws3p's order), "ws3px"
+all three; "ws3p1" (NOT bit-identical: same math, another summation order) consumer warpgroup 0 scores all 64 keys of
+a tile (m64n64k16: fewer shared-memory operand reads than two warpgroups' m64n32k16) and runs the whole softmax (one
+named barrier per tile instead of two), warpgroup 1 only rescales its O half and runs its P @ V; "ws3p1l" ws3p1 with
+ws3pl's lazy rescale (bit-identical to ws3p1).
+
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -59,6 +70,9 @@ from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms,
 __all__ = [
     "ABLATIONS",
     "VARIANTS",
+    "WS3P_BIT_EXACT",
+    "WS3P_OPTS",
+    "WS3P_OPT_VARIANTS",
     "ablations_of",
     "available",
     "block_rows",
@@ -78,13 +92,33 @@ __all__ = [
     "ws3_why_not",
     "ws3p_available",
     "ws3p_grid",
+    "ws3p_opt_available",
 ]
 
 BLOCK_H, HEAD_DIM = 64, 512
 PLAN_ROWS = 64  # rows per tile of the split plan (the serial kernel's tile)
 KERNEL_ROWS = 32  # rows per tile of ws / ws2 (fm_ws_decode.cu kBN; checked against _C.ws_block_rows())
 WS3_ROWS = 64  # rows per tile of ws3 (fm_ws3_decode.cu kBN; checked against _C.ws3_block_rows())
-VARIANTS = {"ws": 1, "ws2": 2, "ws3": 3, "ws3p": 4}  # name -> variant code (sparse_decode_ws; ws3p: sparse_decode_ws3p)
+# name -> variant code (sparse_decode_ws; the ws3p family: sparse_decode_ws3p / sparse_decode_ws3p_opt, `WS3P_OPTS`)
+VARIANTS = {
+    "ws": 1,
+    "ws2": 2,
+    "ws3": 3,
+    "ws3p": 4,
+    "ws3pw": 5,
+    "ws3pl": 6,
+    "ws3pe": 7,
+    "ws3px": 8,
+    "ws3p1": 9,
+    "ws3p1l": 10,
+}
+# The ws3p family: name -> option bits of fm_ws3_decode.cu's ws3p_decode_kernel (kOptWideFp8 1, kOptLazy 2,
+# kOptEarlyS 4, kOptOneScorer 8; 0 = ws3p as measured in session 6). All but ws3p1 / ws3p1l keep ws3p's results bit
+# for bit (module docstring); those compute the same math in another summation order (last bits differ).
+WS3P_OPTS = {"ws3p": 0, "ws3pw": 1, "ws3pl": 2, "ws3pe": 4, "ws3px": 7, "ws3p1": 8, "ws3p1l": 10}
+# session 6 candidates (`_C.sparse_decode_ws3p_opt`)
+WS3P_OPT_VARIANTS = ("ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")
+WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose results equal ws3p's bit for bit
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -100,10 +134,15 @@ _WS3_ABLATIONS = ("full", "producer", "consumer")
 # timed the public call with this threshold: ws3 at every case from 32 tokens, the serial kernel below, each within
 # 2 % of the kernel's own row (ws3 x serial: 1.04-1.18 BF16 / 1.14-1.22 FP8 from 32 tokens, 0.81-0.98 at 1..4).
 WS3_MIN_TOKENS = 32
-# From this many query tokens the default runs the persistent ws3p instead of ws3 (bit-identical per tile, GPU-tested).
-# Session 6 run 1 (H200, benchmarks/results/2026-11-30-s6-bench-flash_mla.json): ws3p 1.01-1.04x ws3 from 256 tokens
-# (b 128 s_q 2: 86.1 vs 87.7 us; prefill 4,096: 1.04x), 0.97-0.99x below (b 32 / 64 / 128 x s_q 1: per-CTA loop cost).
-WS3P_MIN_TOKENS = 256
+# From this many query tokens the default runs the persistent ws3p family instead of ws3. Session 6 run 1 (H200,
+# benchmarks/results/2026-11-30-s6-bench-flash_mla.json): plain ws3p 1.01-1.04x ws3 from 256 tokens, 0.97-0.99x at
+# 32-128. Run 2 (benchmarks/results/2026-11-30-s6r2-bench-flash_mla.json): `ws3p1l` (one consumer warpgroup scores the
+# whole tile and runs the softmax, the other only rescales and runs its P.V; the rescale skipped when no row max
+# moved) 1.05x ws3p on the BF16 cache at b 32 / 128 / 256 x s_q 2 and 1.06x at prefill 4,096 (b 128 s_q 2: 81.9 vs
+# 86.2 us = 254.5 TFLOPS; b 32 s_q 2 = 64 tokens: 32.9 vs ws3's 34.0 us), `ws3p1` 1.03x on the FP8 cache (110.4 vs
+# 113.9 us; ws3 40.8 vs 40.5 at 64 tokens). Both GPU-tested against the reference and the float64 oracle (same math as
+# ws3p in another summation order). Below 64 tokens (not measured for them) ws3 stays.
+WS3P_MIN_TOKENS = 64
 # "1": the default route (kernel=None) sends extra-cache calls (the engine's) of >= WS3_MIN_TOKENS tokens to ws3 as
 # well (`ws3_default_for`); unset / anything else: they run the serial kernel (the measured default). Read per call.
 WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
@@ -111,14 +150,14 @@ WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
 
 def ablations_of(variant: str) -> tuple[str, ...]:
     """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws3p: full; ws, ws2: all)."""
-    if variant == "ws3p":  # the persistent ws3: the kernel only
+    if variant in WS3P_OPTS:  # the persistent ws3 (and its option builds): the kernel only
         return ("full",)
     return _WS3_ABLATIONS if variant == "ws3" else tuple(ABLATIONS)
 
 
 def block_rows(variant: str) -> int:
     """KV rows per tile of a variant's kernel: the unit of its tiles_per_split (ws / ws2: 32, ws3 / ws3p: 64)."""
-    return WS3_ROWS if variant in ("ws3", "ws3p") else KERNEL_ROWS
+    return WS3_ROWS if variant == "ws3" or variant in WS3P_OPTS else KERNEL_ROWS
 
 
 @functools.cache
@@ -158,6 +197,12 @@ def ws3p_available() -> bool:
     """True when `_C` has the persistent ws3 (`sparse_decode_ws3p`, session 5 round 5 source)."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p")
+
+
+def ws3p_opt_available() -> bool:
+    """True when `_C` has ws3p's option builds (`sparse_decode_ws3p_opt`, session 6 source)."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "sparse_decode_ws3p_opt")
 
 
 def ws3_extra_available() -> bool:
@@ -207,10 +252,15 @@ def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | 
     return ws3_why_not(q, kv, extra_kv, allow_extra=extra_kv is not None and ws3_extra_enabled()) is None
 
 
-def default_variant(t: int, extra: bool = False) -> str:
-    """The ws variant the API default runs for t query tokens once `ws3_default_for` holds: "ws3p" from
-    WS3P_MIN_TOKENS when `_C` has it and there is no extra cache (ws3p has no extra-cache form), else "ws3"."""
-    return "ws3p" if t >= WS3P_MIN_TOKENS and not extra and ws3p_available() else "ws3"
+def default_variant(t: int, extra: bool = False, fp8: bool = False) -> str:
+    """The ws variant the API default runs for t query tokens once `ws3_default_for` holds: from WS3P_MIN_TOKENS
+    without an extra cache (the ws3p family has no extra-cache form) "ws3p1" on an FP8 cache / "ws3p1l" on BF16 when
+    `_C` has the option builds, "ws3p" when it has only ws3p; otherwise "ws3"."""
+    if t < WS3P_MIN_TOKENS or extra:
+        return "ws3"
+    if ws3p_opt_available():
+        return "ws3p1" if fp8 else "ws3p1l"
+    return "ws3p" if ws3p_available() else "ws3"
 
 
 def split_plan(
@@ -287,8 +337,9 @@ def _extra_rows(extra_kv: torch.Tensor, extra_indices: torch.Tensor) -> tuple[to
 
 def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
-    fn = "ws3_block_rows" if variant in ("ws3", "ws3p") else "ws_block_rows"
-    if not hasattr(mod, fn) or (variant == "ws3p" and not hasattr(mod, "sparse_decode_ws3p")):
+    fn = "ws3_block_rows" if variant == "ws3" or variant in WS3P_OPTS else "ws_block_rows"
+    entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
+    if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
     if got != block_rows(variant):
@@ -321,12 +372,12 @@ def sparse_attn_ws(
         out, lse_out: optional output buffers ([t, h, 512] bf16 / [t, h] fp32; copied when their strides do not suit
             the kernel).
         num_splits: splits per token (None: `split_plan`, the serial kernel's plan).
-        variant: "ws", "ws2", "ws3" or "ws3p" (module docstring). ablation: "full" (the kernel) or a timing-only mode of
-            `ablations_of(variant)` whose results are wrong.
+        variant: "ws", "ws2", "ws3", "ws3p" or a ws3p option build (`WS3P_OPTS`; module docstring). ablation:
+            "full" (the kernel) or a timing-only mode of `ablations_of(variant)` whose results are wrong.
         extra_kv, extra_indices: optional second cache (kv's format) and int32 [t, topk2] slots into it, after the
             main list in the index space (ws3, ablation "full" only; `_C.sparse_decode_ws3_extra`).
-        max_ctas: ws3p only: cap on its persistent grid (None: one CTA per SM); a small cap gives every CTA several
-            work items (tests).
+        max_ctas: the ws3p family only: cap on its persistent grid (None: one CTA per SM); a small cap gives every
+            CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
     if variant not in VARIANTS or ablation not in ablations_of(variant):
@@ -335,8 +386,11 @@ def sparse_attn_ws(
             f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
-    if max_ctas is not None and (variant != "ws3p" or int(max_ctas) < 1):
-        raise ValueError(f"max_ctas: expected None, or >= 1 with variant 'ws3p', got {max_ctas!r} with {variant!r}")
+    if max_ctas is not None and (variant not in WS3P_OPTS or int(max_ctas) < 1):
+        raise ValueError(
+            f"max_ctas: expected None, or >= 1 with a ws3p variant {sorted(WS3P_OPTS)}, "
+            f"got {max_ctas!r} with {variant!r}"
+        )
     _check_args(q, kv, indices, sink)
     t, h, d = q.shape
     if (extra_kv is None) != (extra_indices is None):
@@ -382,12 +436,14 @@ def sparse_attn_ws(
             ex_f.stride(0) * ex_f.element_size(), o_dst.stride(0), o_dst.stride(1),
             lse_out.stride(0), lse_out.stride(1), fp8, stream,
         )  # fmt: skip
-    elif variant == "ws3p":
-        mod.sparse_decode_ws3p(
+    elif variant in WS3P_OPTS:
+        entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
+        opt = () if variant == "ws3p" else (WS3P_OPTS[variant],)
+        entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
             t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
             idx.stride(0), q_c.stride(0), q_c.stride(1), kv_f.stride(0), o_dst.stride(0), o_dst.stride(1),
-            lse_out.stride(0), lse_out.stride(1), fp8, int(max_ctas or 0), stream,
+            lse_out.stride(0), lse_out.stride(1), fp8, int(max_ctas or 0), *opt, stream,
         )  # fmt: skip
     else:
         mod.sparse_decode_ws(
@@ -412,7 +468,8 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
     unused cache slots, NaN-poisoned outputs. Returns "" when all agree within a loose bound (layout / protocol bugs,
     not last-bit errors: the tests do that), else what went wrong. device "cpu": only to test this function with a
     stand-in kernel. Meant to run in a child process (`probe`): a kernel that faults or hangs cannot then take the
-    caller's CUDA context down. variant: which kernel variant (`VARIANTS`)."""
+    caller's CUDA context down. variant: which kernel variant (`VARIANTS`), or several joined by commas (one child
+    process checks them all: the ws3p option builds)."""
     from ... import reference
     from ...kv_format import pack_fp8_kv_ref
 
@@ -434,20 +491,23 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
             kv[~used] = 0xFF if fp8 else float("nan")  # NaN data (and NaN scales) wherever no index points
             kv, ic = kv.to(device), idx.to(device)
             ro, rl = reference.sparse_attn(q, kv, ic, sink, HEAD_DIM**-0.5)
-            # ws3p: also a grid of 3 CTAs (4 or 4 x splits work items: several per CTA, unequal counts)
-            for splits, ctas in [(s, c) for s in (None, 1, 7) for c in ((None, 3) if variant == "ws3p" else (None,))]:
-                out = torch.full_like(q, float("nan"))
-                lse = torch.full((t, BLOCK_H), float("nan"), device=device)
-                kw = {"max_ctas": ctas} if ctas else {}
-                sparse_attn_ws(
-                    q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits, variant=variant, **kw
-                )
-                if device != "cpu":
-                    torch.cuda.synchronize()
-                why = mismatch(out, lse, ro, rl)
-                if why is not None:
-                    grid = f" max_ctas={ctas}" if ctas else ""
-                    fails.append(f"topk={topk} fp8={fp8} splits={splits}{grid}: {why}")
+            # the ws3p family: also a grid of 3 CTAs (4 or 4 x splits work items: several per CTA, unequal counts)
+            for v in variant.split(","):
+                grids = (None, 3) if v in WS3P_OPTS else (None,)
+                for splits, ctas in [(s, c) for s in (None, 1, 7) for c in grids]:
+                    out = torch.full_like(q, float("nan"))
+                    lse = torch.full((t, BLOCK_H), float("nan"), device=device)
+                    kw = {"max_ctas": ctas} if ctas else {}
+                    sparse_attn_ws(
+                        q, kv, ic, sink, HEAD_DIM**-0.5, out=out, lse_out=lse, num_splits=splits, variant=v, **kw
+                    )
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+                    why = mismatch(out, lse, ro, rl)
+                    if why is not None:
+                        grid = f" max_ctas={ctas}" if ctas else ""
+                        name = f"{v} " if "," in variant else ""
+                        fails.append(f"{name}topk={topk} fp8={fp8} splits={splits}{grid}: {why}")
     return "; ".join(fails)
 
 
@@ -531,8 +591,9 @@ def probe_ablations(timeout_s: float = 120.0) -> tuple[bool, str]:
 
 def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
-    or a hang (killed after timeout_s) gives False; cached per process and variant."""
-    if variant not in VARIANTS:
+    or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
+    are checked by one child process."""
+    if not variant or any(v not in VARIANTS for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {sorted(VARIANTS)}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
 

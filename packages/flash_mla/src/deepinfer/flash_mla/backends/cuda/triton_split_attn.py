@@ -434,8 +434,9 @@ DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
 def compiled_kernel_for(
     kernel: str | None, q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None, *, tuned: bool = False
 ) -> tuple[str | None, str | None]:
-    """(compiled kernel that runs the call: "cuda_ws3p" (the default from
-    `cuda_ws_decode.WS3P_MIN_TOKENS` tokens) / "cuda_ws3" / "cuda" / None for a Triton kernel, why the named compiled
+    """(compiled kernel that runs the call: "cuda_ws3p1l" / "cuda_ws3p1" / "cuda_ws3p" (the default from
+    `cuda_ws_decode.WS3P_MIN_TOKENS` tokens: `default_variant`) / "cuda_ws3" / "cuda" / None for a Triton kernel,
+    why the named compiled
     kernel cannot run it or None). kernel: the call's argument (None: DEFAULT_KERNELS); tuned: the call passes
     config / dot_fp32 (Triton-only options). A forced kernel (kernel="cuda" / "cuda_ws3") is never swapped for
     another; the caller raises with the reason. Shapes / dtypes only."""
@@ -453,7 +454,7 @@ def compiled_kernel_for(
         if why is None or kernel is not None:
             return ("cuda_ws3" if why is None else None), why
     elif kernel is None and tuned_why is None and ws.ws3_default_for(q, kv, extra_kv):
-        return "cuda_" + ws.default_variant(q.shape[0], extra_kv is not None), None
+        return "cuda_" + ws.default_variant(q.shape[0], extra_kv is not None, fp8_any), None
     why = cu.supports(q, kv, extra_kv) or tuned_why
     return ("cuda" if why is None else None), why
 
@@ -569,7 +570,7 @@ def sparse_attn_split_triton(
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
     compiled, why = compiled_kernel_for(kernel, q, kv, extra_kv, tuned=bool(config or dot_fp32))
-    if compiled in ("cuda_ws3", "cuda_ws3p"):
+    if compiled is not None and compiled.startswith("cuda_ws3"):  # ws3 or a ws3p-family variant (`default_variant`)
         from . import cuda_ws_decode as ws
 
         ex = dict(extra_kv=extra_kv, extra_indices=extra_indices) if extra_kv is not None else {}

@@ -22,13 +22,29 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
-def swiglu_math(g, u, limit, HAS_LIMIT: tl.constexpr):
-    """fp32 silu(min(g, limit)) * clamp(u, -limit, limit) in the reference's order (shared with triton_fused)."""
+def _exp_ftz(x):
+    """exp(x) as Triton lowers tl.exp on the GPU (x * fp32(log2 e), fp fusion off, then ex2.approx) but with the
+    flush-to-zero ex2.approx.ftz.f32 (one MUFU.EX2; the non-ftz form adds a range test, a pre-scale and a square
+    for results below 2^-126). Equal to tl.exp's result wherever that result is normal; where it is subnormal
+    (x < -87.3) this gives 0, and 1 + either is exactly 1, so silu's g / (1 + exp(-g)) is the same bits. GPU only
+    (inline PTX): the interpreter takes tl.exp."""
+    z = x * 1.4426950408889634  # rounds to fp32(log2 e) = 0x3FB8AA3B, the constant of Triton's own lowering
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def swiglu_math(g, u, limit, HAS_LIMIT: tl.constexpr, FTZ_EXP: tl.constexpr = False):
+    """fp32 silu(min(g, limit)) * clamp(u, -limit, limit) in the reference's order (shared with triton_fused).
+    FTZ_EXP (GPU only; session 6's config `lean_ex2` of swiglu_clamp_fp8): the exp by `_exp_ftz`, same bits."""
     if HAS_LIMIT:  # torch.clamp order: max(., lo) then min(., hi)
         g = tl.where(g > limit, limit, g)
         u = tl.where(u < -limit, -limit, u)
         u = tl.where(u > limit, limit, u)
-    return g / (1.0 + tl.exp(-g)) * u
+    if FTZ_EXP:
+        e = _exp_ftz(-g)
+    else:
+        e = tl.exp(-g)
+    return g / (1.0 + e) * u
 
 
 @triton.jit

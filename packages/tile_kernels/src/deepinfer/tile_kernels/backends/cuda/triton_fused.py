@@ -23,9 +23,19 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_quant as _quant
 from ._launch import check_runnable
 from .triton_act import swiglu_math
-from .triton_quant import FP8_MAX, MAX_GROUP, fits_int32, quant_tile_store, tile_groups
+from .triton_quant import (
+    FP8_MAX,
+    MAX_GROUP,
+    fits_int32,
+    persistent_tiles,
+    quant_store,
+    quant_tile_store,
+    tile_groups,
+    tiles_grid,
+)
 
 __all__ = ["kv_norm_rope_quant_triton", "swiglu_clamp_fp8_triton"]
 
@@ -49,6 +59,12 @@ KV_TILE_ELEMS = 512
 KV_ROWS_RULE: tuple[tuple[int, int], ...] = ((16384, 4), (4096, 2))
 KV_ROWS_RULE_ON = os.environ.get("DEEPINFER_TK_KV_ROWS", "1") != "0"
 MAX_D = 16384
+# Session 6 run 3 (H200, benchmarks/results/2026-11-30-s6-bench-tile_kernels-quant.json, every row bit-equal to the
+# old default; GPU tests test_quant_lean.py passed): swiglu_clamp_fp8 with silu's exp by `_exp_ftz` on top of the lean
+# epilogue 1.45x / 1.40x / 1.07x / 1.05x the old default at 16,384 / 4,096 / 64 / 1 tokens (101.9 % of copy at
+# 16,384); kv_norm_rope_quant's lean quant-dequant 1.11x / 1.16x / 1.07x / 1.08x. Both defaults since then.
+FTZ_EXP_DEFAULT = True
+KV_LEAN_DEFAULT = True
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEQUANT = tl.constexpr(3)  # triton_quant's mode numbers: 1 = 2^e scales, 2 = amax / 448, 3 = dequantise
 
@@ -100,14 +116,17 @@ def _swiglu_fp8_kernel(
 @triton.jit
 def _load_swiglu(g_ptr, u_ptr, tile, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, dt: tl.constexpr,
                  HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, IS_BF16: tl.constexpr,
-                 HW_CAST: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr):  # fmt: skip
-    """Tile `tile`'s gate / up groups [BG, GROUP] -> the SwiGLU output rounded to dt (fp32), group ids, mask."""
+                 HW_CAST: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr,
+                 FTZ_EXP: tl.constexpr = False):  # fmt: skip
+    """Tile `tile`'s gate / up groups [BG, GROUP] -> the SwiGLU output rounded to dt (fp32), group ids, mask
+    (FTZ_EXP: triton_act's flush-to-zero exp, GPU only, same bits)."""
     g, gmask, row, gcol = tile_groups(tile, n_groups, groups_per_row, BLOCK_G, IDX32, GPR)
     col = gcol[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = gmask[:, None]
     gt = tl.load(g_ptr + row[:, None] * sgr + col * sgc, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(u_ptr + row[:, None] * sur + col * suc, mask=mask, other=0.0).to(tl.float32)
-    return _round_act(swiglu_math(gt, up, limit, HAS_LIMIT), dt, IS_BF16, HW_CAST), g, gmask
+    y = swiglu_math(gt, up, limit, HAS_LIMIT, FTZ_EXP and HW_CAST)
+    return _round_act(y, dt, IS_BF16, HW_CAST), g, gmask
 
 
 @triton.jit
@@ -115,21 +134,30 @@ def _swiglu_fp8_tiles_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, inv_max,
     HAS_LIMIT: tl.constexpr, MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, IDX32: tl.constexpr, GPR: tl.constexpr, TILES: tl.constexpr,
+    LEAN: tl.constexpr = False, FTZ_EXP: tl.constexpr = False,
 ):  # fmt: skip
     """`_swiglu_fp8_kernel` (q and scales only) with triton_quant's benchmark configs: int32 / constexpr-width
     indexing and TILES tiles per program (tile pid + i * grid), the next tile's gate / up loaded before the current
-    tile is quantised and stored."""
+    tile is quantised and stored (TILES = 0: persistent, striding over every tile, as triton_quant's tiles kernel);
+    LEAN: triton_quant's `quant_tile_store_lean` (same bytes); FTZ_EXP: triton_act's `_exp_ftz` (GPU, same bits)."""
     dt = g_ptr.dtype.element_ty  # the SwiGLU output's dtype (gate's, as the unfused path stores it)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     y, g, gmask = _load_swiglu(g_ptr, u_ptr, pid, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, dt,
-                               HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR)  # fmt: skip
+                               HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR, FTZ_EXP)  # fmt: skip
+    if TILES == 0:
+        for tile in range(pid + nprog, tl.cdiv(n_groups, BLOCK_G).to(tl.int32), nprog):  # tile ids are < 2^31
+            yn, gn, gmn = _load_swiglu(g_ptr, u_ptr, tile, n_groups, groups_per_row, sgr, sgc, sur, suc, limit, dt,
+                                       HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR, FTZ_EXP)  # fmt: skip
+            quant_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
+            y, g, gmask = yn, gn, gmn
     for i in tl.static_range(1, TILES):
         yn, gn, gmn = _load_swiglu(g_ptr, u_ptr, pid + i * nprog, n_groups, groups_per_row, sgr, sgc, sur, suc,
-                                   limit, dt, HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR)  # fmt: skip
-        quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+                                   limit, dt, HAS_LIMIT, GROUP, BLOCK_G, IS_BF16, HW_CAST, IDX32, GPR,
+                                   FTZ_EXP)  # fmt: skip
+        quant_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
         y, g, gmask = yn, gn, gmn
-    quant_tile_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+    quant_store(y, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
 
 
 @triton.jit
@@ -168,7 +196,7 @@ def _kv_rope(a, b, c, s, kr, dt: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: t
 def _kv_store(
     y, t0, T, d, out_ptr, rows_ptr, sor, inv_max,
     HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, HW_CAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, HW_CAST: tl.constexpr, LEAN: tl.constexpr = False,
 ):  # fmt: skip
     """Write the entries y [BT, BD] of tokens t0 .. t0 + BT - 1 (< T) to out[rows[token]] (or out[token]): the rope
     dims as they are, the first NOPE dims FP8 quant-dequantised in blocks of QB (QUANT) or as they are."""
@@ -196,7 +224,7 @@ def _kv_store(
             grow = tl.where(gt < T, gt, -1)
         gdst = out_ptr + tl.maximum(grow, 0) * sor  # [BT * GPR]
         yq = tl.reshape(y, [BLOCK_T * GPR, QB])
-        quant_tile_store(
+        quant_store(
             yq,
             gi,
             (gi < NOPE // QB) & (grow >= 0),
@@ -207,6 +235,7 @@ def _kv_store(
             QB,
             BLOCK_T * GPR,
             HW_CAST,
+            LEAN,
         )
     else:
         tl.store(dst[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=ok[:, None] & cmask[None, :])
@@ -218,6 +247,7 @@ def _kv_fused_kernel(
     T, d, skr, skc, sw, sct, sck, sst, ssk, sor, eps, inv_max,
     HAS_ROWS: tl.constexpr, NOPE: tl.constexpr, QUANT: tl.constexpr, QB: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr, IS_BF16: tl.constexpr, HW_CAST: tl.constexpr, EARLY_CS: tl.constexpr,
+    LEAN: tl.constexpr = False,
 ):  # fmt: skip
     """kv [T, d] strided, weight [d], cos/sin [T, (d - NOPE) / 2] -> out[rows[i]] (row stride sor, unit columns).
 
@@ -246,7 +276,7 @@ def _kv_fused_kernel(
     if not EARLY_CS:
         c, s = _cos_sin(cos_ptr, sin_ptr, tok, kk, km, sct, sck, sst, ssk)
     y = _kv_rope(a, b, c, s, kr, dt, BLOCK_T, BLOCK_D, IS_BF16, HW_CAST)
-    _kv_store(y, t0, T, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST)
+    _kv_store(y, t0, T, d, out_ptr, rows_ptr, sor, inv_max, HAS_ROWS, NOPE, QUANT, QB, BLOCK_T, BLOCK_D, HW_CAST, LEAN)
 
 
 def _float(name: str, t: object, ndim: int | None = None) -> torch.Tensor:
@@ -270,6 +300,9 @@ def swiglu_clamp_fp8_triton(
     idx32: bool = True,
     const_gpr: bool = True,
     tiles_per_program: int = 1,
+    lean: bool | int | None = None,
+    persistent: int = 0,
+    ftz_exp: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """per_token_group_quant_fp8(swiglu_clamp(gate, up, limit), group_size, scale_fmt) in one pass.
 
@@ -281,7 +314,13 @@ def swiglu_clamp_fp8_triton(
     not store_y: `_swiglu_fp8_tiles_kernel`; idx32=False, const_gpr=False: the session-4 `_swiglu_fp8_kernel`, the
     benchmark config `i64`; same bits). The i32c default since after session 5's 14:30 run: 1.04-1.15x the old
     kernel at 1 / 64 / 4,096 / 16,384 tokens (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json).
+    lean (a benchmark config, session 6; not with store_y; None: triton_quant.LEAN_DEFAULT): the tiles kernel with
+    `quant_tile_store_lean`.
+    persistent (a benchmark config, session 6; not with store_y): programs per SM of a persistent tiles launch.
+    ftz_exp (session 6; the tiles kernel; None: FTZ_EXP_DEFAULT): silu's exp by triton_act's `_exp_ftz` (same bits).
     """
+    legacy = not (idx32 or const_gpr)  # the `i64` config: the session-4 kernel, no session-6 options by default
+    ftz_exp = (FTZ_EXP_DEFAULT and not legacy) if ftz_exp is None else bool(ftz_exp)
     _float("gate", gate)
     _float("up", up)
     if gate.shape != up.shape or gate.dim() < 1:
@@ -296,6 +335,7 @@ def swiglu_clamp_fp8_triton(
     if scale_fmt not in ("ue8m0", "fp32"):
         raise ValueError(f"scale_fmt must be 'ue8m0' or 'fp32', got {scale_fmt!r}")
     check_runnable(gate, up)
+    lean = _quant.lean_level(lean, legacy)  # LEAN_DEFAULT read at call time: the switch is one constant
     shape, dev = tuple(gate.shape), gate.device
     y = torch.empty(shape if store_y else (1,), dtype=gate.dtype, device=dev)
     q = torch.empty(shape if not store_y else (1,), dtype=torch.float8_e4m3fn, device=dev)
@@ -304,8 +344,8 @@ def swiglu_clamp_fp8_triton(
     if n_groups:
         g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
         bg = max(1, min((tile_elems or TILE_ELEMS) // group_size, triton.next_power_of_2(n_groups)))
-        if not store_y and (idx32 or const_gpr or tiles_per_program != 1):  # the default (i32c) and configs
-            cfg = (idx32, const_gpr, tiles_per_program)
+        if not store_y and (idx32 or const_gpr or tiles_per_program != 1 or lean or persistent or ftz_exp):
+            cfg = (idx32, const_gpr, persistent_tiles(persistent, tiles_per_program), lean, persistent, ftz_exp)
             _swiglu_tiles(g2, u2, q, s, limit, scale_fmt, group_size, bg, num_warps, *cfg)
             return q, s
         _swiglu_fp8_kernel[(triton.cdiv(n_groups, bg),)](
@@ -321,20 +361,21 @@ def swiglu_clamp_fp8_triton(
 
 def _swiglu_tiles(
     g2: torch.Tensor, u2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, limit: float | None, scale_fmt: str,
-    group: int, bg: int, num_warps: int | None, idx32: bool, const_gpr: bool, tiles: int,
+    group: int, bg: int, num_warps: int | None, idx32: bool, const_gpr: bool, tiles: int, lean: bool = False,
+    persistent: int = 0, ftz_exp: bool = False,
 ) -> None:  # fmt: skip
-    """`_swiglu_fp8_tiles_kernel` on gate / up [rows, n] (default and configs of `swiglu_clamp_fp8_triton`)."""
-    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
-        raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
+    """`_swiglu_fp8_tiles_kernel` on gate / up [rows, n] (default and configs of `swiglu_clamp_fp8_triton`; tiles
+    0: persistent, `persistent` programs per SM)."""
     n_groups, gpr = g2.numel() // group, g2.shape[1] // group
-    grid = triton.cdiv(triton.cdiv(n_groups, bg), tiles)
-    use32 = idx32 and fits_int32(g2, u2, q, extra=(grid * tiles + 1) * bg * group)
+    grid = tiles_grid(triton.cdiv(n_groups, bg), tiles, persistent, g2.device)
+    use32 = idx32 and fits_int32(g2, u2, q, extra=(triton.cdiv(n_groups, bg) + grid * max(tiles, 1) + 1) * bg * group)
     _swiglu_fp8_tiles_kernel[(grid,)](
         g2, u2, q.view(torch.uint8), s, n_groups, gpr, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
         float(limit) if limit is not None else 0.0, 1.0 / FP8_MAX,
         HAS_LIMIT=limit is not None, MODE=1 if scale_fmt == "ue8m0" else 2, GROUP=group, BLOCK_G=bg,
         IS_BF16=g2.dtype == torch.bfloat16, HW_CAST=g2.is_cuda, IDX32=use32, GPR=gpr if const_gpr else 0,
-        TILES=tiles, num_warps=num_warps or max(1, min(8, bg * group // 512)), enable_fp_fusion=False,
+        TILES=tiles, LEAN=int(lean), FTZ_EXP=bool(ftz_exp), num_warps=num_warps or max(1, min(8, bg * group // 512)),
+        enable_fp_fusion=False,
     )  # fmt: skip
 
 
@@ -384,6 +425,7 @@ def kv_norm_rope_quant_triton(
     num_warps: int | None = None,
     early_cos_sin: bool = False,
     row_rule: bool | None = None,
+    lean: bool | None = None,
 ) -> torch.Tensor:
     """V4's KV entry in one pass, same contract as `ref.fused.kv_norm_rope_quant`.
 
@@ -394,8 +436,10 @@ def kv_norm_rope_quant_triton(
     block_t / num_warps: benchmark configs (tokens per program, a power of two; None: `_kv_block_t`'s choice);
     early_cos_sin: the kernel's EARLY_CS (a benchmark config). row_rule (None: KV_ROWS_RULE_ON, on unless
     DEEPINFER_TK_KV_ROWS=0): without block_t / num_warps, KV_ROWS_RULE's tokens per 1-warp program (the 1-row
-    tiling's bits, GPU-tested).
+    tiling's bits, GPU-tested). lean (session 6; None: KV_LEAN_DEFAULT): the FP8 quant-dequant by triton_quant's
+    `quant_tile_store_lean` (same bits; at 4 rows per program 94 registers instead of 128 on sm_90a).
     """
+    lean = KV_LEAN_DEFAULT if lean is None else bool(lean)
     _check_kv(kv, weight, cos, sin, rope_dim)
     t, d = kv.shape
     nope = d - rope_dim
@@ -432,5 +476,5 @@ def kv_norm_rope_quant_triton(
     kw = {"HAS_ROWS": rows is not None, "NOPE": nope, "QUANT": quant, "QB": qb, "BLOCK_T": bt, "BLOCK_D": bd}
     kw.update(IS_BF16=kv.dtype == torch.bfloat16, HW_CAST=kv.is_cuda, enable_fp_fusion=False)
     kw["num_warps"] = nw
-    _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), **kw)
+    _kv_fused_kernel[(triton.cdiv(t, bt),)](*args, EARLY_CS=bool(early_cos_sin), LEAN=bool(lean), **kw)
     return out

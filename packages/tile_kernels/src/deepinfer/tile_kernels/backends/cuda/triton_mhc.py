@@ -53,10 +53,9 @@ DOT_PRECISION = "auto"
 # two launches (this module) | one launch (triton_mhc_fused.py; 0.09-0.68x of the two launches on the H200)
 IMPLS = ("split", "fused")
 DEFAULT_IMPL = "split"
-# impl="split" configs (prepared in session 5, not yet GPU-run): "default"; "finish_rev": the finish launch takes the
-# token blocks last-first, so that its first programs re-read the x the mix launch read last (up to the L2's ~50 MB
-# of the 537 MB x at 16,384 V4 tokens: at most ~4 % of the ~1.22 GB the two launches move; see the README)
-SPLIT_CONFIGS = ("default", "finish_rev")
+# impl="split" configs: "default" only (session 5's "finish_rev", the finish launch taking the token blocks
+# last-first, ran 1.00x / 0.98x at 16,384 tokens on the H200 in session 6 and was removed; see the README)
+SPLIT_CONFIGS = ("default",)
 
 
 @triton.jit
@@ -181,18 +180,13 @@ def _mhc_finish_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HEAD: tl.constexpr,
-    REVERSE: tl.constexpr,
 ):
     """part [S, T, 2*HC*HC], sq [S, T], x [T, HC, D] -> xin [T, D] (x dtype), post [T, HC], comb [T, HC, HC].
 
-    HEAD: only xin (the head's output); post_ptr / comb_ptr are not touched. REVERSE (config "finish_rev"): the
-    token blocks in descending order, so the first programs take the blocks the mix launch read last, whose x may
-    still be in L2 (each program's work is unchanged: the same bits).
+    HEAD: only xin (the head's output); post_ptr / comb_ptr are not touched.
     """
     NP: tl.constexpr = 2 * HC * HC
     pid_t = tl.program_id(0)
-    if REVERSE:
-        pid_t = tl.num_programs(0) - 1 - pid_t
     pid_s = tl.program_id(1)
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < T
@@ -330,11 +324,10 @@ def _launch_finish(
     hc_eps: float,
     sinkhorn_iters: int,
     head: bool = False,
-    reverse: bool = False,
 ) -> None:
     """Run the finish kernel: partials + x [t, hc, d] -> out = (x_in [t, d], post [t, hc], comb [t, hc, hc]).
 
-    head: only x_in is written (post and comb may be any tensors, e.g. x_in again). reverse: the kernel's REVERSE.
+    head: only x_in is written (post and comb may be any tensors, e.g. x_in again).
     """
     t, hc, d = x.shape
     bd = min(FIN_BLOCK_D, triton.next_power_of_2(d))
@@ -362,7 +355,6 @@ def _launch_finish(
         BLOCK_D=bd,
         BLOCK_S=FIN_BLOCK_S,
         HEAD=head,
-        REVERSE=reverse,
         num_warps=FIN_NUM_WARPS,
     )
 
@@ -444,8 +436,7 @@ def mhc_pre_triton(
         mhc_fused_triton(x, fn, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, False, config)
         return x_in, post, comb
     part, sq = _launch_mix(x, fn)
-    rev = config == "finish_rev"
-    _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters, reverse=rev)
+    _launch_finish(part, sq, x, scale, base, (x_in, post, comb), rms_eps, hc_eps, sinkhorn_iters)
     return x_in, post, comb
 
 
@@ -482,6 +473,5 @@ def mhc_head_triton(
         mhc_fused_triton(x, fn, scale, base, (out, out, out), rms_eps, hc_eps, 1, True, config)
         return out
     part, sq = _launch_mix(x, fn, head=True)
-    rev = config == "finish_rev"
-    _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True, reverse=rev)
+    _launch_finish(part, sq, x, scale, base, (out, out, out), rms_eps, hc_eps, 1, head=True)
     return out

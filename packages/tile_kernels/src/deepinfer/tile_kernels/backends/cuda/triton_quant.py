@@ -35,6 +35,11 @@ the load order change; GPU-tested bit for bit at V4 shapes, 1 / 64 / 4,096 / 16,
 (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json): `i32c` ran 1.00-1.43x as fast as the old default
 at 1 / 64 / 4,096 / 16,384 tokens in all three quantiser ops (never slower), hence the switch;
 `idx32=False, const_gpr=False` (benchmark config `i64`) still runs `_fp8_group_kernel`.
+
+Session 6 (the default since that session's GPU run: `LEAN_DEFAULT`): `lean=True` runs `quant_tile_store_lean`,
+the same bytes with about half the SASS instructions per element (sm_90a, Triton 3.6: 148 against 296 a thread
+for a [32, 128] bf16 tile; its docstring says what it drops and why that is exact), and `persistent=n` a grid of
+n programs per SM striding over the tiles. `LEAN_DEFAULT` is what `lean=None` takes (the default switch).
 """
 
 from __future__ import annotations
@@ -50,6 +55,13 @@ __all__ = ["fp8_group_quant_triton", "tile_groups"]
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-4
 TILE_ELEMS = 4096  # elements of one [BLOCK_G, GROUP] tile
+# The launchers' `lean=None`: True (since session 6) makes `quant_tile_store_lean` (the same bytes, about half the
+# instructions) the default of the three quantiser ops (per_token_group_quant_fp8 / fp8_quant_ue8m0,
+# fp8_quant_dequant_ue8m0, swiglu_clamp_fp8). Session 6 run 3 (H200, benchmarks/results/2026-11-30-s6-bench-
+# tile_kernels-quant.json): bit-equal to the old epilogue at 1 / 64 / 4,096 / 16,384 tokens (GPU tests
+# test_quant_lean.py passed) and 1.28x / 1.14x / 1.35x faster at 16,384 tokens (per-token / quant-dequant / SwiGLU),
+# 1.03-1.16x at 1 and 64 tokens. False keeps `quant_tile_store`.
+LEAN_DEFAULT = True
 MAX_GROUP = 4096
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # constants the kernel reads (jit globals must be constexpr)
@@ -160,20 +172,42 @@ def _load_groups(x_ptr, tile, n_groups, groups_per_row, stride_xr, stride_xc, GR
 def _fp8_group_tiles_kernel(
     x_ptr, q_ptr, s_ptr, n_groups, groups_per_row, stride_xr, stride_xc, inv_max,
     MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HW_CAST: tl.constexpr, IDX32: tl.constexpr,
-    GPR: tl.constexpr, TILES: tl.constexpr,
+    GPR: tl.constexpr, TILES: tl.constexpr, LEAN: tl.constexpr = False,
 ):  # fmt: skip
     """`_fp8_group_kernel` (same arguments and results) with the benchmark configs of the module docstring: TILES
-    tiles per program (tile pid + i * grid; the next tile's load issued before the current tile's stores)."""
+    tiles per program (tile pid + i * grid; the next tile's load issued before the current tile's stores), or
+    TILES = 0: persistent (session 6), the program strides over every tile pid + i * grid < the tile count, the
+    next tile's load issued before the current tile's stores (the launcher sizes the grid to the SMs); LEAN:
+    `quant_tile_store_lean` (same bytes, fewer instructions)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     x, g, gmask = _load_groups(x_ptr, pid, n_groups, groups_per_row, stride_xr, stride_xc, GROUP, BLOCK_G, IDX32, GPR)
+    if TILES == 0:
+        for tile in range(pid + nprog, tl.cdiv(n_groups, BLOCK_G).to(tl.int32), nprog):  # tile ids are < 2^31
+            xn, gn, gmn = _load_groups(
+                x_ptr, tile, n_groups, groups_per_row, stride_xr, stride_xc, GROUP, BLOCK_G, IDX32, GPR
+            )
+            quant_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
+            x, g, gmask = xn, gn, gmn
     for i in tl.static_range(1, TILES):
         xn, gn, gmn = _load_groups(
             x_ptr, pid + i * nprog, n_groups, groups_per_row, stride_xr, stride_xc, GROUP, BLOCK_G, IDX32, GPR
         )
-        quant_tile_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+        quant_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
         x, g, gmask = xn, gn, gmn
-    quant_tile_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
+    quant_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN)
+
+
+@triton.jit
+def quant_store(
+    x, g, gmask, q_ptr, s_ptr, inv_max,
+    MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HW_CAST: tl.constexpr, LEAN: tl.constexpr,
+):  # fmt: skip
+    """`quant_tile_store_lean` when LEAN (2: with NAN_MUL), else `quant_tile_store` (same bytes)."""
+    if LEAN:
+        quant_tile_store_lean(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST, LEAN == 2)
+    else:
+        quant_tile_store(x, g, gmask, q_ptr, s_ptr, inv_max, MODE, GROUP, BLOCK_G, HW_CAST)
 
 
 @triton.jit
@@ -228,6 +262,71 @@ def quant_tile_store(
             tl.store(s_ptr + g, scale, mask=gmask)
 
 
+@triton.jit
+def _nanmax(a, b):
+    """max that propagates NaN (max.NaN.f32 on the GPU, np.maximum in the interpreter): a group's amax is NaN
+    exactly when the group holds a NaN, with no separate NaN flag and its second reduction."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def quant_tile_store_lean(
+    x, g, gmask, q_ptr, s_ptr, inv_max,
+    MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HW_CAST: tl.constexpr = False,
+    NAN_MUL: tl.constexpr = False,
+):  # fmt: skip
+    """`quant_tile_store` (same arguments, same bytes) with fewer instructions per element (session 6, config
+    `lean`): the amax reduction propagates NaN (no NaN-flag reduction); on the GPU (HW_CAST) no clamp to +-448 and
+    no NaN byte select: the e4m3 conversion is cvt.rn.satfinite (RNE, finite values beyond 448 saturate to +-448,
+    exactly what the clamp then RNE gives) and the only NaN it sees is the positive quiet NaN of a non-finite
+    group (byte 0x7F, e4m3fn's NaN, as the reference's). The interpreter keeps the clamps and the integer-step
+    rounding of `_e4m3_rne`. NAN_MUL (config `leanx`, 2^e modes): a non-finite group's 2^-e is a NaN instead of
+    a select per element, relying on the GPU's multiply returning its canonical positive NaN (then byte 0x7F);
+    the GPU test compares its bytes with the default's on NaN and inf groups."""
+    j = tl.arange(0, GROUP)
+    mask = gmask[:, None]
+    amax = tl.reduce(tl.abs(x), 1, _nanmax)  # [BG], NaN iff the group holds a NaN
+    amax = tl.maximum(amax, _FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    if MODE == AMAX_F32:
+        scale = tl.div_rn(amax, tl.full([BLOCK_G], _MAX, tl.float32))
+        y = tl.div_rn(x, scale[:, None])
+        # a NaN group (amax NaN) and inf / inf in an inf group: the positive quiet NaN whatever div_rn's sign
+        y = tl.where(y != y, _nan(), y)
+    else:
+        bits = (amax * inv_max).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        bad = (bits & 0x7F800000) == 0x7F800000  # product inf or NaN
+        e = tl.where(bad, 128, e)
+        inv = ((127 - tl.minimum(e, 127)) << 23).to(tl.float32, bitcast=True)  # 2^-e (e <= 127 here)
+        if NAN_MUL:
+            inv = tl.where(bad, _nan(), inv)  # per group, not per element
+        y = x * inv[:, None]
+        if MODE != DEQUANT and not NAN_MUL:  # (DEQUANT overwrites a bad group's outputs below)
+            y = tl.where(bad[:, None], _nan(), y)
+    if HW_CAST:
+        f8 = y.to(tl.float8e4nv)  # cvt.rn.satfinite: RNE, +-448 beyond, +NaN -> 0x7F
+        qb = f8.to(tl.uint8, bitcast=True)
+        qv = f8.to(tl.float32)  # exact; used by DEQUANT only (dead code otherwise)
+    else:
+        y = tl.where(y > _MAX, _MAX, y)
+        y = tl.where(y < -_MAX, -_MAX, y)
+        qb, qv = _e4m3_rne(y, False)
+    out = g[:, None] * GROUP + j[None, :]
+    if MODE == DEQUANT:
+        pw = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)  # 2^e
+        d = tl.where(bad[:, None], _nan(), qv * pw[:, None])
+        tl.store(q_ptr + out, d.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(q_ptr + out, qb, mask=mask)  # q_ptr is the e4m3 output viewed as uint8
+        if MODE == EXP_I32:
+            tl.store(s_ptr + g, e, mask=gmask)
+        elif MODE == POW2_F32:
+            pw = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)
+            tl.store(s_ptr + g, tl.where(e == 128, _INF, pw), mask=gmask)
+        else:
+            tl.store(s_ptr + g, scale, mask=gmask)
+
+
 def fp8_group_quant_triton(
     x: torch.Tensor,
     group: int,
@@ -239,6 +338,8 @@ def fp8_group_quant_triton(
     idx32: bool = True,
     const_gpr: bool = True,
     tiles_per_program: int = 1,
+    lean: bool | int | None = None,
+    persistent: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-group e4m3 quantisation of the last dim, bit-exact to `ref/quant.py`.
 
@@ -254,6 +355,10 @@ def fp8_group_quant_triton(
     of them set, as by default: `_fp8_group_tiles_kernel`; idx32=False, const_gpr=False, tiles_per_program=1: the
     session-4 `_fp8_group_kernel`, same bits): int32 index math (ignored, i.e. int64, when an offset could reach
     2^31), groups_per_row as a constexpr (one compilation per row width), tiles per program (a benchmark config).
+    lean (a benchmark config, session 6; implies the tiles kernel; None: LEAN_DEFAULT): `quant_tile_store_lean`, the
+    same bytes with about half the instructions per element on the GPU (2: also NAN_MUL, config `leanx`).
+    persistent n > 0 (a benchmark config, session 6; instead of tiles_per_program): min(tiles, n * SMs) programs
+    striding over the tiles, the tiles kernel's TILES = 0.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
@@ -264,6 +369,7 @@ def fp8_group_quant_triton(
     if x.dim() < 1 or x.shape[-1] % group:
         raise ValueError(f"x's last dim must be a multiple of group ({group}), got shape {tuple(x.shape)}")
     check_runnable(x)
+    lean = lean_level(lean, legacy=not (idx32 or const_gpr))
     n = x.shape[-1]
     qdtype = x.dtype if mode == "dequant" else torch.float8_e4m3fn
     if out is None:
@@ -281,8 +387,9 @@ def fp8_group_quant_triton(
     n_groups = x.numel() // group
     bg = max(1, min((tile_elems or TILE_ELEMS) // group, triton.next_power_of_2(n_groups)))
     warps = num_warps or max(1, min(8, bg * group // 512))
-    if idx32 or const_gpr or tiles_per_program != 1:  # the default (i32c) and the benchmark configs
-        _launch_tiles(x2, out, scales, mode, group, bg, warps, idx32, const_gpr, tiles_per_program)
+    if idx32 or const_gpr or tiles_per_program != 1 or lean or persistent:  # the default (i32c) and the configs
+        tiles = persistent_tiles(persistent, tiles_per_program)
+        _launch_tiles(x2, out, scales, mode, group, bg, warps, idx32, const_gpr, tiles, lean, persistent)
         return out, scales
     _fp8_group_kernel[(triton.cdiv(n_groups, bg),)](
         x2,
@@ -303,6 +410,38 @@ def fp8_group_quant_triton(
     return out, scales
 
 
+def lean_level(lean: bool | int | None, legacy: bool = False) -> int:
+    """The kernels' LEAN: 0 (off), 1 (`quant_tile_store_lean`), 2 (with NAN_MUL); None: LEAN_DEFAULT, except for the
+    legacy `i64` config (idx32=False, const_gpr=False: legacy=True), which keeps the session-4 kernel unless a call
+    asks for lean explicitly."""
+    lean = (0 if legacy else LEAN_DEFAULT) if lean is None else lean
+    if lean not in (0, 1, 2):
+        raise ValueError(f"lean must be None, a bool or 2, got {lean!r}")
+    return int(lean)
+
+
+def persistent_tiles(persistent: int, tiles_per_program: int) -> int:
+    """The kernels' TILES: 0 for a persistent launch (persistent programs per SM > 0), else tiles_per_program;
+    raises on bad values."""
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or not 0 <= persistent <= 32:
+        raise ValueError(f"persistent must be an int in [0, 32] (programs per SM), got {persistent!r}")
+    tiles = tiles_per_program
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
+        raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
+    if persistent and tiles != 1:
+        raise ValueError(f"persistent and tiles_per_program > 1 exclude each other, got tiles_per_program={tiles}")
+    return 0 if persistent else tiles
+
+
+def tiles_grid(n_tiles: int, tiles: int, persistent: int, device: torch.device) -> int:
+    """Programs of a tiles launch: n_tiles / tiles, or for a persistent one (tiles 0) min(n_tiles, persistent *
+    the device's SMs; 4 SMs off CUDA, the interpreter)."""
+    if tiles:
+        return triton.cdiv(n_tiles, tiles)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(n_tiles, persistent * sms))
+
+
 def fits_int32(*views: torch.Tensor, extra: int = 0) -> bool:
     """True when every element offset of the views (and `extra`, e.g. the last group id a grid reaches) is < 2^31."""
     span = [sum((s - 1) * abs(st) for s, st in zip(v.shape, v.stride())) + 1 for v in views]  # largest offset + 1
@@ -311,17 +450,15 @@ def fits_int32(*views: torch.Tensor, extra: int = 0) -> bool:
 
 def _launch_tiles(
     x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, mode: str, group: int, bg: int, warps: int,
-    idx32: bool, const_gpr: bool, tiles: int,
+    idx32: bool, const_gpr: bool, tiles: int, lean: bool = False, persistent: int = 0,
 ) -> None:  # fmt: skip
     """`_fp8_group_tiles_kernel` on x2 [rows, n] (the default and the benchmark configs of `fp8_group_quant_triton`)."""
-    if isinstance(tiles, bool) or not isinstance(tiles, int) or not 1 <= tiles <= 16:
-        raise ValueError(f"tiles_per_program must be an int in [1, 16], got {tiles!r}")
     n_groups, gpr = x2.numel() // group, x2.shape[1] // group
-    grid = triton.cdiv(triton.cdiv(n_groups, bg), tiles)
-    use32 = idx32 and fits_int32(x2, out, extra=(grid * tiles + 1) * bg * group)
+    grid = tiles_grid(triton.cdiv(n_groups, bg), tiles, persistent, x2.device)
+    use32 = idx32 and fits_int32(x2, out, extra=(triton.cdiv(n_groups, bg) + grid * max(tiles, 1) + 1) * bg * group)
     _fp8_group_tiles_kernel[(grid,)](
         x2, out if mode == "dequant" else out.view(torch.uint8), scales if scales is not None else out,
         n_groups, gpr, x2.stride(0), x2.stride(1), 1.0 / FP8_MAX,
         MODE=_MODES[mode], GROUP=group, BLOCK_G=bg, HW_CAST=x2.is_cuda, IDX32=use32,
-        GPR=gpr if const_gpr else 0, TILES=tiles, num_warps=warps, enable_fp_fusion=False,
+        GPR=gpr if const_gpr else 0, TILES=tiles, LEAN=int(lean), num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip

@@ -45,6 +45,13 @@ TARGET_PROGRAMS = 512  # shrink BLOCK_M (down to 1) until the grid has about thi
 # the late loads; q [16384, 64, 512] (large, 8 / 8): 0.995x / 0.996x, so large inputs keep the late loads.
 SMALL_ELEMS = 1 << 24
 SMALL_BLOCK_M = 2
+MAX_ROW_D = 4096  # widest row `_rope_row_kernel` takes as one tile
+# `cs_rt=None`: with CS_RT_DEFAULT, `_rope_kernel_cs_rt` (same bits) for multi-head inputs (m > 1 rows per token,
+# q-like) and the specialised kernel for one row per token (kv). Session 6 run 3 (H200, benchmarks/results/
+# 2026-11-30-s6-bench-tile_kernels-quant.json, bit-equal, GPU tests test_rope_configs.py passed): q [t, 64, 512]
+# 1.17x / 1.17x / 1.10x / 1.01x at 16,384 / 4,096 / 64 / 1 tokens (86 -> 101 % of copy at 16,384); kv [t, 512]
+# 0.99x / 1.06x / 1.03x / 0.77x, so kv keeps the specialised kernel.
+CS_RT_DEFAULT = True
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -121,6 +128,53 @@ def _rope_kernel(
     tl.store(y_row[:, None] + (ev + 1)[None, :], (a * s + b * c).to(y_ptr.dtype.element_ty), mask=pm)
 
 
+@triton.jit
+def _rope_row_kernel(
+    x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, M, d, rope_start,
+    stride_xt, stride_xm, stride_xd, stride_ct, stride_ck, stride_st, stride_sk,
+    INVERSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """`_rope_kernel`'s contract (same arguments but the blocks; same bits) with whole rows as one tile (session 6,
+    config `row*`): each of the BLOCK_M rows is loaded once as a [BLOCK_D] vector (BLOCK_D >= d, full-width vector
+    loads, no strided even / odd loads), its pairs rotated in registers, and stored once. The pass-through columns
+    are selected from the loaded values themselves (a select of x.dtype bits: NaN payloads and -0.0 kept); the
+    rotated ones are the default's fp32 arithmetic (fp fusion off), rounded by the same cast. Every pair of the row
+    is rotated (cos / sin only loaded for the rope pairs, 1 / 0 elsewhere) and the results outside the rope region
+    dropped: more ALU work for one memory pass."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] flattened row
+    rmask = rows < n_rows
+    tok = rows // M
+    x_row = x_ptr + tok * stride_xt + (rows % M) * stride_xm  # [BM]
+    cols = tl.arange(0, BLOCK_D)
+    m2 = rmask[:, None] & (cols < d)[None, :]
+    xv = tl.load(x_row[:, None] + cols[None, :] * stride_xd, mask=m2, other=0.0)  # [BM, BD] x.dtype
+    k = tl.arange(0, BLOCK_D // 2) - rope_start // 2  # pair index inside the rope region
+    kr = (k >= 0) & (k < (d - rope_start) // 2)
+    kk = tl.maximum(k, 0)
+    km = rmask[:, None] & kr[None, :]
+    c = tl.load(cos_ptr + tok[:, None] * stride_ct + kk[None, :] * stride_ck, mask=km, other=1.0).to(tl.float32)
+    sn = tl.load(sin_ptr + tok[:, None] * stride_st + kk[None, :] * stride_sk, mask=km, other=0.0).to(tl.float32)
+    if INVERSE:  # flip the sign bit, as torch's negate (see _rope_kernel)
+        sn = (sn.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
+    a, b = tl.split(tl.reshape(xv, [BLOCK_M, BLOCK_D // 2, 2]))  # x.dtype pairs (2k, 2k + 1)
+    af, bf = a.to(tl.float32), b.to(tl.float32)
+    dt = y_ptr.dtype.element_ty
+    ra = tl.where(kr[None, :], (af * c - bf * sn).to(dt), a)
+    rb = tl.where(kr[None, :], (af * sn + bf * c).to(dt), b)
+    y = tl.reshape(tl.join(ra, rb), [BLOCK_M, BLOCK_D])
+    tl.store(y_ptr + rows[:, None] * d + cols[None, :], y, mask=m2)
+
+
+# `_rope_kernel` compiled with the cos / sin column strides as run-time values (session 6, config `cs_rt`). With the
+# usual specialisation (a stride of 1 becomes a constant) Triton loads cos / sin [BM, BR] fp32 as 16-byte vectors
+# and converts them to the layout of the even / odd x columns through shared memory (sm_90a SASS, Triton 3.6: cos
+# load -> st.shared -> bar.sync, then the sin load -> st.shared -> bar.sync, then the x loads): three dependent DRAM
+# round trips per program. Unspecialised, the compiler knows nothing of their contiguity and loads them as scalars
+# straight into that layout: no shared memory, no barrier, every load of the program issued before the first use.
+# Same arithmetic, same bits.
+_rope_kernel_cs_rt = triton.jit(do_not_specialize=["stride_ck", "stride_sk"])(_rope_kernel.fn)
+
+
 def _blocks(rows: int, d: int, rope_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_C, BLOCK_R, num_warps) from the shape alone: small BLOCK_M when there are few rows.
 
@@ -153,6 +207,8 @@ def apply_rope_interleaved_triton(
     block_m: int | None = None,
     num_warps: int | None = None,
     early_rotate: bool | None = None,
+    row_tile: bool = False,
+    cs_rt: bool | None = None,
 ) -> torch.Tensor:
     """Rotate the last `rope_dim` dims of x by interleaved pairs, same contract as `ref.rope.apply_rope_interleaved`.
 
@@ -164,6 +220,10 @@ def apply_rope_interleaved_triton(
     written there. Shape checks only, no host sync. block_m / num_warps: benchmark configs (rows per program, a
     power of two, and warps; None: `_blocks`' choice); early_rotate: the kernel's EARLY_ROT (None: on for inputs of
     at most SMALL_ELEMS elements, `_early_rotate`; True / False: the benchmark configs early_rot / late_rot).
+    row_tile (a benchmark config, session 6; d <= MAX_ROW_D): `_rope_row_kernel`, whole rows as one tile (same
+    bits), block_m rows of num_warps warps per program (None: `_blocks`' choice). cs_rt (a benchmark config,
+    session 6; None: CS_RT_DEFAULT): `_rope_kernel_cs_rt`, the default kernel with unspecialised cos / sin strides
+    (same bits).
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES:
         raise TypeError(f"x must be a fp32/bf16/fp16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
@@ -193,11 +253,16 @@ def apply_rope_interleaved_triton(
     if x.numel() == 0:
         return out
     x3 = x.reshape(t, m, d)  # a view whenever the middle dims merge into one stride
+    if row_tile:
+        _launch_rows(x3, cos, sin, out, rope_dim, bool(inverse), block_m, num_warps)
+        return out
     bm, bc, br, warps = _blocks(t * m, d, rope_dim)
     if block_m is not None:
         bm, warps = block_m, max(1, min(8, block_m * bc // 512))
     warps = num_warps or warps
-    _rope_kernel[(triton.cdiv(t * m, bm),)](
+    use_rt = (CS_RT_DEFAULT and m > 1) if cs_rt is None else cs_rt
+    kernel = _rope_kernel_cs_rt if use_rt else _rope_kernel
+    kernel[(triton.cdiv(t * m, bm),)](
         x3,
         cos,
         sin,
@@ -222,3 +287,22 @@ def apply_rope_interleaved_triton(
         enable_fp_fusion=False,  # no FMA: round like the reference (module docstring)
     )
     return out
+
+
+def _launch_rows(
+    x3: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, rope_dim: int, inverse: bool,
+    block_m: int | None, num_warps: int | None,
+) -> None:  # fmt: skip
+    """`_rope_row_kernel` on x3 [t, m, d] (the `row_tile` config): block_m rows per program (None: `_blocks`'),
+    num_warps (None: one warp per 512 elements of the tile, at most 8)."""
+    t, m, d = x3.shape
+    if d > MAX_ROW_D:
+        raise ValueError(f"row_tile takes rows of at most {MAX_ROW_D} elements, got d = {d}")
+    bd = max(16, triton.next_power_of_2(d))
+    bm = block_m or _blocks(t * m, d, rope_dim)[0]
+    warps = num_warps or max(1, min(8, bm * bd // 512))
+    _rope_row_kernel[(triton.cdiv(t * m, bm),)](
+        x3, cos, sin, out, t * m, m, d, d - rope_dim, x3.stride(0), x3.stride(1), x3.stride(2),
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        INVERSE=inverse, BLOCK_M=bm, BLOCK_D=bd, num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
