@@ -78,7 +78,7 @@ FULL = {"tokens": 4096, "hidden": 4096, "experts": 256, "topk": 6, "ll_tokens": 
 SMOKE = {"tokens": 48, "hidden": 256, "experts": 16, "topk": 4, "ll_tokens": (4,)}
 CEILING = H200_CEILINGS["nvlink_peer_copy_gbps"]
 CASES = ("ll", "fast", "nosync", "reference", "overlap", "torch", "overlap2", "overlape", "overlapc", "diag")
-CASE_TIMEOUT_S = 40.0  # "overlape" / "overlapc" (last, opt-in): a rank still in one then saves and exits
+CASE_TIMEOUT_S = 60.0  # "overlape" / "overlapc" (last, opt-in): a rank still in one then saves and exits
 # the combine configs of the "overlapc" case (DEEPINFER_DEEP_EP_OVERLAP_COMBINE) -> impl name of their rows
 COMBINE_ROWS = {
     "wide": "fast-overlapc",
@@ -381,7 +381,7 @@ def bench_overlap_dispatch_configs(run: Run) -> None:
 
 
 def bench_dispatch_diag(run: Run) -> None:
-    """Diagnostics (WRONG results, timing only): the default dispatch (mixed order, base config) with the own-block
+    """Diagnostics (WRONG results, timing only): the session-5 dispatch (mixed order, base config pinned), own-block
     copy and / or the copy-out programs doing nothing (DEEPINFER_DEEP_EP_OVERLAP_DIAG, `overlap.DIAGS`), dispatch
     bf16 replayed from a CUDA graph: rows `dispatch bf16 diag` with impl `fast-overlap2-<diag>-graph`, to set
     beside `fast-overlap2-graph` (all roles): what the own-block copy and the copy-out add to the push."""
@@ -399,6 +399,7 @@ def bench_dispatch_diag(run: Run) -> None:
                 if run.smoke and diag != "push_only":  # the interpreter is slow; push_only skips both roles
                     continue
                 os.environ[_overlap.DIAG_ENV] = diag
+                os.environ[_overlap.DISPATCH_ENV] = "base"  # what the diag roles were written against
                 kw = {"matches_reference": None, "path": f"overlap/mixed/diag-{diag} (wrong results: timing only)"}
                 fn = lambda: buf.dispatch(run.x, **args)  # noqa: E731
                 try:
@@ -413,6 +414,7 @@ def bench_dispatch_diag(run: Run) -> None:
                 run.record("dispatch bf16 diag", f"fast-overlap2-{diag}-graph", None, fn, timer_mode="graph", **kw)
     finally:
         os.environ.pop(_overlap.DIAG_ENV, None)
+        os.environ.pop(_overlap.DISPATCH_ENV, None)
     buf.destroy()
 
 
@@ -440,15 +442,19 @@ def bench_overlap(run: Run, order: str = "serial", impl: str | None = None) -> N
     overlap=True) and its combine: rows `fast-overlap` (eager) and `fast-overlap-graph` (CUDA-graph replays) to
     set beside fast-nosync(-graph), and its GPU stages (dispatch: layout, overlap; combine: overlap). Cached
     dispatch is the no-sync one (not timed). order "mixed" (DEEPINFER_DEEP_EP_OVERLAP_ORDER, the dispatch
-    launch's program order): rows `fast-overlap2`, `fast-overlap2-graph` (combine is the same kernel)."""
+    launch's program order): rows `fast-overlap2`, `fast-overlap2-graph` (combine is the same kernel). Both pin
+    the dispatch config "base" (DEEPINFER_DEEP_EP_OVERLAP_DISPATCH; the default is "early" since session 6, timed
+    in `fast-overlape`), so the rows keep measuring what they measured before."""
     from deepinfer.deep_ep import _overlap
 
     os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
     os.environ[_overlap.ORDER_ENV] = order
+    os.environ[_overlap.DISPATCH_ENV] = "base"
     try:
         _bench_overlap(run, impl or ("fast-overlap" if order == "serial" else "fast-overlap2"))
     finally:
         os.environ.pop(_overlap.ORDER_ENV, None)
+        os.environ.pop(_overlap.DISPATCH_ENV, None)
 
 
 def _bench_overlap(run: Run, impl: str) -> None:

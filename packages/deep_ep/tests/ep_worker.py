@@ -196,7 +196,7 @@ DISPATCH_CONFIGS = ("early", "fused")  # the session-6 dispatch configs (DEEPINF
 
 
 def run_overlap_dispatch_configs(group: dist.ProcessGroup, seed: int) -> None:
-    """The overlapped dispatch with each session-6 config (`DISPATCH_CONFIGS`, then the default once more: the
+    """The overlapped dispatch with each session-6 config (`DISPATCH_CONFIGS`, then "base" once more: the
     epochs stay in step whichever launch advances them) against the reference, bit for bit: on CPU one case per
     config, on GPUs V4-Flash shapes (uneven ranks incl. an empty one) and, for fused, 7168 x top-8 of 64 and
     CUDA-graph replays of dispatch + combine == eager (fused advances the epoch inside its one launch)."""

@@ -58,9 +58,10 @@ def test_overlap_combine_configs_two_gpus() -> None:
 @pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_overlap_dispatch_configs_two_gpus() -> None:
-    """The overlapped dispatch with DEEPINFER_DEEP_EP_OVERLAP_DISPATCH = early / fused (session 6, opt-in; the
-    worker sets each; mixed order, the default) vs the NCCL reference at V4-Flash shapes (uneven ranks incl. an
-    empty one; fused also 7168 x top-8 of 64 and CUDA-graph replays == eager), then the default (epochs in step)."""
+    """The overlapped dispatch with DEEPINFER_DEEP_EP_OVERLAP_DISPATCH = early / fused (session 6; early is the
+    default since session 6 run 3, fused opt-in; the worker sets each; mixed order, the default) vs the NCCL
+    reference at V4-Flash shapes (uneven ranks incl. an empty one; fused also 7168 x top-8 of 64 and CUDA-graph
+    replays == eager), then base, the session-5 kernel (epochs in step)."""
     launch(2, seed=95, timeout_s=240.0, env=NO_MULTICAST, scenario="overlapdispcuda")
 
 

@@ -32,10 +32,10 @@ warp-specialised kernel `cuda_ws3[_fp8]` (cuda_ws_decode.py variant ws3 = fm_ws3
 kernel="cuda_ws3"; with `--all-variants` also the settled session-4 variants `cuda_ws[_fp8]` / `cuda_ws2[_fp8]`; `_s<n>`
 forced splits, ws3's own `cuda_ws3[_fp8]_s2` / `_s3` at b = 64 / 128 x s_q = 2 and b = 32 x s_q = 4; the
 persistent ws3 `cuda_ws3p[_fp8]` (variant ws3p: min(#SMs, work items) CTAs looping over (token, split) items; session 5
-round 5, not yet GPU-run) at every case where `cuda_ws3` runs, decode_wave included, its `x_vs_cuda_ws3_same_cache` =
+round 5, GPU-run in s6) at every case where `cuda_ws3` runs, decode_wave included, its `x_vs_cuda_ws3_same_cache` =
 the persistent grid's gain; ws3p's session-6 option builds `cuda_ws3pl` / `pe` / `px` / `p1` / `p1l` (BF16 and FP8)
 and `cuda_ws3pw_fp8` (cuda_ws_decode.WS3P_OPTS: lazy O rescale, early next-tile scores, all three; one scoring
-warpgroup, + lazy; wide FP8 producer batch; all but p1 / p1l bit-identical to ws3p; not yet GPU-run) at b = 32 /
+warpgroup, + lazy; wide FP8 producer batch; all but p1 / p1l bit-identical to ws3p; GPU-run in s6) at b = 32 /
 128 / 256 x s_q = 2 and prefill t = 4,096 (`_WS3P_OPT_CASES`), `cuda_ws3px[_fp8]_l2hot` at b = 128 s_q = 2; at
 b = 128 s_q = 2 and prefill t = 4,096 also the timing-only ablations `cuda_ws<v>_abl_<mode>[_fp8]`,
 modes producer / consumer (all variants) and no_xchg / qk_only / pv_only / no_softmax (ws / ws2), WRONG numbers by
@@ -254,7 +254,7 @@ def _ws3_splits(op: str, b: int, s_q: int) -> tuple[int, ...]:
 
 # Wave diagnostic (session 5, round 2): b = 66 / 132 x s_q = 2 = 132 / 264 query tokens = exactly 1 / 2 full waves of
 # ws3's one-CTA-per-SM grid (1 split), against b = 64 / 128 x s_q = 2 (128 / 256 tokens: 4 / 8 SMs idle in the last
-# wave). Same time for 3 % more tokens = the wave quantisation the README's "Not yet GPU-run (round 2)" note asks about.
+# wave). Same time for 3 % more tokens = the wave quantisation (session 5 run r3: ~3 %).
 # Only these rows run there (no Triton / legacy / tuning rows: < 1 s per case).
 _WAVE_ROWS = ("cuda", "cuda_fp8", "cuda_ws3", "cuda_ws3_fp8", "cuda_ws3p", "cuda_ws3p_fp8", "reference")
 
@@ -400,7 +400,7 @@ def run_case(
         # ws3 always; ws / ws2 (settled in sessions 4-5: slower than ws3 at every shape) only with --all-variants.
         # The ablation rows (where the time goes): every variant run at b = 128 s_q = 2; at prefill t = 4,096 only
         # ws3 (ws / ws2's prefill ablations were measured in session 4)
-        # ws3p (persistent ws3, session 5 round 5, not yet GPU-run): next to ws3 at every case where ws3 runs
+        # ws3p (persistent ws3, session 5 round 5, GPU-run in s6): next to ws3 at every case where ws3 runs
         ws_vars = ("ws", "ws2", "ws3", "ws3p") if cfg.get("all_variants") else ("ws3", "ws3p")
         if (op, b, s_q) in _WS3P_OPT_CASES:  # session 6: ws3p's option builds, side by side with ws3 / ws3p
             ws_vars += ("ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")

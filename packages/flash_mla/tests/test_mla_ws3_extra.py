@@ -1,4 +1,4 @@
-"""ws3 with the engine's second cache (session 5 round 4; NOT yet GPU-run when written): `sparse_attn_ws(...,
+"""ws3 with the engine's second cache (session 5 round 4; GPU-run in session 6): `sparse_attn_ws(...,
 variant="ws3", extra_kv=, extra_indices=)` (`_C.sparse_decode_ws3_extra`, fm_ws3_decode.cu's EXTRA flag), routed by
 kernel="cuda_ws3" or DEEPINFER_FLASH_MLA_WS3_EXTRA=1, never by the default route.
 

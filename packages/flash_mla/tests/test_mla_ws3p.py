@@ -1,4 +1,4 @@
-"""ws3p, the persistent ws3 (session 5 round 5, not yet GPU-run): `sparse_attn_ws(..., variant="ws3p")` ->
+"""ws3p, the persistent ws3 (session 5 round 5, GPU-run in s6): `sparse_attn_ws(..., variant="ws3p")` ->
 `_C.sparse_decode_ws3p` -> fm_ws3_decode.cu's ws3p_decode_kernel (min(#SMs or max_ctas, work items) CTAs, each looping
 over (token, split, head block) items at a static stride).
 

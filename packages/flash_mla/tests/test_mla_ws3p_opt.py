@@ -1,4 +1,4 @@
-"""ws3p's option builds (session 6, not yet GPU-run): `sparse_attn_ws(..., variant="ws3pw" | "ws3pl" | "ws3pe" |
+"""ws3p's option builds (session 6, GPU-run there): `sparse_attn_ws(..., variant="ws3pw" | "ws3pl" | "ws3pe" |
 "ws3px" | "ws3p1" | "ws3p1l")` -> `_C.sparse_decode_ws3p_opt` -> fm_ws3_decode.cu's ws3p_decode_kernel<FP8, OPT>
 (OPT bits kOptWideFp8 1, kOptLazy 2, kOptEarlyS 4, kOptOneScorer 8; `cuda_ws_decode.WS3P_OPTS`). The first four keep
 ws3p's arithmetic and order, so each must be BIT-IDENTICAL to ws3p (out and lse) on both caches (`WS3P_BIT_EXACT`);

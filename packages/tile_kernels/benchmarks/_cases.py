@@ -404,9 +404,9 @@ def _op_cases(dev: str, t: int) -> list[Case]:
             tk.kv_norm_rope_quant,
             ref.kv_norm_rope_quant,
             # bt*_w1: more rows per 1-warp program (1.04-1.08x from 4,096 tokens up in session 5's 14:30 run; each
-            # row keeps the default's sum order: bit-exact, tests/test_kv_rows_exact.py); rows_rule: the prepared size
-            # rule triton_fused.KV_ROWS_RULE (bt4_w1 from 16,384 tokens, bt2_w1 from 4,096, the default below; off by
-            # default, DEEPINFER_TK_KV_ROWS=1 switches it on); bt2_w2 / early_cs: session-3 / -4 configs.
+            # row keeps the default's sum order: bit-exact, tests/test_kv_rows_exact.py); rows_rule: the size rule
+            # triton_fused.KV_ROWS_RULE (bt4_w1 from 16,384 tokens, bt2_w1 from 4,096, one row below; the API's tiling
+            # since session 6 run 1, DEEPINFER_TK_KV_ROWS=0 turns it off); bt2_w2 / early_cs: session-3 / -4 configs.
             # (pf2 / pf4 / pf8 / pf4_nocap, a prefetching loop kernel, 0.44-0.93x from 4,096 up: removed)
             variants={
                 **{
@@ -415,7 +415,7 @@ def _op_cases(dev: str, t: int) -> list[Case]:
                 },
                 "rows_rule": functools.partial(_KV, row_rule=True),
                 "early_cs": functools.partial(_KV, early_cos_sin=True),
-                # session 6: the API's tiling (rows_rule, the default since run 1) with the lean quant-dequant
+                # session 6: the API's tiling with the lean quant-dequant (the API default since run 3)
                 "lean": functools.partial(_KV, lean=True),
             },
         ),

@@ -97,21 +97,22 @@ def _epilogues(configs: dict, every: bool) -> dict:
 
 def check_quant(x: torch.Tensor, kv: torch.Tensor, what: str, every: bool = True) -> None:
     """Every lean config of per_token_group_quant_fp8 (all three scale modes, groups 128) and of the kv
-    quant-dequant (blocks of 64, a strided view) against the default kernel, bit for bit."""
+    quant-dequant (blocks of 64, a strided view) against the pre-session-6 epilogue (lean=False), bit for bit."""
     for mode in ("pow2", "exp", "fp32"):
-        want = _Q.fp8_group_quant_triton(x, 128, mode, tile_elems=PTGQ_TILE_ELEMS)
+        want = _Q.fp8_group_quant_triton(x, 128, mode, tile_elems=PTGQ_TILE_ELEMS, lean=False)  # the old epilogue
         for name, kw in _epilogues(LEAN_PTGQ, every).items():
             got = _Q.fp8_group_quant_triton(x, 128, mode, **{"tile_elems": PTGQ_TILE_ELEMS, **kw})
             _same_bits(got, want, f"{what} ptgq {mode} {name}", nan_payload_ok=(1,) if mode == "fp32" else ())
-    want = _Q.fp8_group_quant_triton(kv, 64, "dequant")
+    want = _Q.fp8_group_quant_triton(kv, 64, "dequant", lean=False)
     for name, kw in _epilogues(LEAN_KVQ, every).items():
         _same_bits(_Q.fp8_group_quant_triton(kv, 64, "dequant", **kw), want, f"{what} kv dequant {name}")
 
 
 def check_swiglu(gate: torch.Tensor, up: torch.Tensor, what: str, every: bool = True) -> None:
-    """Every lean config of swiglu_clamp_fp8 (2^e and amax / 448 scales) against the default kernel."""
+    """Every lean config of swiglu_clamp_fp8 (2^e and amax / 448 scales) against the pre-session-6 kernel (lean=False,
+    ftz_exp=False)."""
     for fmt in ("ue8m0", "fp32"):
-        want = _F.swiglu_clamp_fp8_triton(gate, up, 10.0, 128, fmt)
+        want = _F.swiglu_clamp_fp8_triton(gate, up, 10.0, 128, fmt, lean=False, ftz_exp=False)
         for name, kw in _epilogues(LEAN_SWIGLU, every).items():
             got = _F.swiglu_clamp_fp8_triton(gate, up, 10.0, 128, fmt, **kw)
             _same_bits(got, want, f"{what} swiglu_fp8 {fmt} {name}", nan_payload_ok=(1,) if fmt == "fp32" else ())
@@ -175,12 +176,12 @@ def check_kv_lean(t: int, dtype: torch.dtype, seed: int) -> None:
     run = _F.kv_norm_rope_quant_triton
     kv, w, cos, sin = kv_inputs(t, seed, dtype)
     for rule in (None, False):
-        want = run(kv, w, cos, sin, 64, 1e-6, 64, row_rule=rule)
+        want = run(kv, w, cos, sin, 64, 1e-6, 64, row_rule=rule, lean=False)
         _same_bits((run(kv, w, cos, sin, 64, 1e-6, 64, row_rule=rule, lean=True),), (want,), f"kv t={t} {rule}")
     perm = torch.randperm(t, generator=torch.Generator().manual_seed(seed))
     rows = torch.where(perm % 5 == 3, -1, perm).to(DEV)
     cache0 = torch.randn(t, 512, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(DEV)
-    want = run(kv, w, cos, sin, 64, 1e-6, 64, out=cache0.clone(), rows=rows)
+    want = run(kv, w, cos, sin, 64, 1e-6, 64, out=cache0.clone(), rows=rows, lean=False)
     got = run(kv, w, cos, sin, 64, 1e-6, 64, out=cache0.clone(), rows=rows, lean=True)
     _same_bits((got,), (want,), f"kv t={t} cache")
 
@@ -234,7 +235,7 @@ def test_gpu_lean_extremes() -> None:
     # no clamp (limit None) and gates up to +-200: exp(-g) overflows / is subnormal, where lean_ex2's ftz exp differs
     big = (gate.float() * 40.0).bfloat16()
     for name, kw in LEAN_SWIGLU.items():
-        want = _F.swiglu_clamp_fp8_triton(big, up, None, 128)
+        want = _F.swiglu_clamp_fp8_triton(big, up, None, 128, lean=False, ftz_exp=False)
         _same_bits(_F.swiglu_clamp_fp8_triton(big, up, None, 128, **kw), want, f"gpu swiglu_fp8 no limit {name}")
 
 

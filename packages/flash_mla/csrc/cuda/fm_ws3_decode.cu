@@ -40,7 +40,7 @@
 // lse (natural log, sink included), else the fp32 partials acc / l and base-2 lse of triton_split_attn's
 // _combine_kernel. Holes (any index outside [0, n_rows)): never read (zero row), score -inf.
 // Timing-only ablation modes (enum Mode, wrong numbers): producer only, consumers only (as fm_ws_decode.cu's 1 and 2).
-// Extra cache (template flag EXTRA, fm_ws3_launch_extra; session 5 round 4, not yet GPU-run): the engine's call, the
+// Extra cache (template flag EXTRA, fm_ws3_launch_extra; session 5 round 4, GPU-run in s6): the engine's call, the
 //   main list (topk into kv) followed by the extra list (topk2 into kv2, same row format), cut into 64-entry tiles as
 //   the serial kernel does (a tile may straddle the two lists). Row ids live in one space: [0, n_rows) = kv,
 //   [n_rows, n_rows + n_rows2) = kv2 (the host checks it fits in int32), so the ring's row tables, the hole rule
@@ -48,9 +48,9 @@
 //   whose 64 ids are all holes is skipped whole by the consumers (exact, as in the serial kernel: the engine's fresh
 //   prompts have two such tiles): the producer publishes a per-stage "any valid" flag (one ballot per row warp) next to
 //   the row ids, and the consumers hand the stage straight back. EXTRA = false compiles to the single-cache kernel.
-// Persistent variant ws3p (session 5 round 5, not yet GPU-run): ws3p_decode_kernel near the end of the file, the same
+// Persistent variant ws3p (session 5 round 5, GPU-run in s6): ws3p_decode_kernel near the end of the file, the same
 //   per-tile code in a grid of min(#SMs, work items) CTAs looping over (token, split, head block) items.
-// ws3p option builds (session 6, not yet GPU-run; ws3p_decode_kernel's OPT bits, kOpt* below; fm_ws3p_launch_opt):
+// ws3p option builds (session 6, GPU-run there; ws3p_decode_kernel's OPT bits, kOpt* below; fm_ws3p_launch_opt):
 //   a wide FP8 producer batch, a lazy O rescale and early scores of the next tile, each bit-identical to ws3p; one
 //   scoring warpgroup (same math, other summation order).
 // Compile check: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_without_spills (21 instances: + 2 EXTRA,
@@ -848,7 +848,7 @@ static int launch_mode(const LaunchArgs& a, int mode, cudaStream_t s) {
 }
 
 // ------------------------------------------------------------------------------------------------ ws3p (persistent)
-// ws3p (session 5 round 5, not yet GPU-run): the same per-tile work as ws3 (kFull, single cache, both formats) in a
+// ws3p (session 5 round 5, GPU-run in s6): the same per-tile work as ws3 (kFull, single cache, both formats) in a
 // persistent grid of min(#SMs or max_ctas, work items) CTAs. Work item w = (token, split, head block), numbered as
 // ws3's blockIdx.x; CTA b takes items b, b + G, b + 2 G, ... (static stride: every item costs the same tiles but the
 // last split's, so a dynamic counter would balance nothing and would need a zeroed global counter per launch, i.e.

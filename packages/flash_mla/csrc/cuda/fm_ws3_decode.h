@@ -32,10 +32,10 @@ int fm_ws3_threads(bool fp8);  // threads per CTA: 384 (one producer warpgroup, 
 
 // ws3p: ws3 (mode 0, single cache) in a persistent grid of min(max_ctas or, for max_ctas <= 0, the device's SM count,
 // work items) CTAs, each looping over work items (token, split, head block) at a static stride; same arguments,
-// results and split-KV format as fm_ws3_launch (session 5 round 5, not yet GPU-run). Returns a cudaError_t code.
+// results and split-KV format as fm_ws3_launch (session 5 round 5, GPU-run in s6). Returns a cudaError_t code.
 int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t stream);
 
-// ws3p with option flags (session 6, not yet GPU-run): opt = fm_ws3_decode.cu's kOpt* bits (1 wide FP8 producer batch,
+// ws3p with option flags (session 6, GPU-run there): opt = fm_ws3_decode.cu's kOpt* bits (1 wide FP8 producer batch,
 // 2 lazy O rescale, 4 early scores of the next tile: each keeps ws3p's results bit for bit; 8 one scoring warpgroup,
 // not with 1 or 4: same math, last bits differ). Instantiated: BF16 0, 2, 4, 6, 8, 10 (bit 1 ignored), FP8 0, 1, 2, 4,
 // 7, 8, 10; another opt returns cudaErrorInvalidValue.

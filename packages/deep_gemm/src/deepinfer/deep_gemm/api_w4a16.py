@@ -5,13 +5,14 @@ Dispatch (no host sync on the fast path, so it can be captured in a CUDA graph):
 * CUDA tensors -> the Triton kernel (`backends/cuda/triton_fp4_grouped.py`), unless
   DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton is not importable); or a compiled CUDA kernel for the
   memory-bound regime (`backends/cuda/cuda_fp4_grouped.py`: "kernel 5", the persistent one, and "kernel 4"): by
-  `config=` / DEEPINFER_DG_W4A16_CONFIG naming a kernel-4 (`...cu`) or kernel-5 (`...cp`) config, or by the impl
-  choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only), "auto" (CUDA when the
-  rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the kernel: kernel 5 (`w4a16_configs.CUDA_P_BY_TN`)
-  where `_C` has it and g <= CUDA_P_MAX_GROUPS, else kernel 4; Triton otherwise), "cuda" (CUDA wherever it can
-  run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group), "cutlass_dq" (opt-in, prepared in session 5,
-  not yet GPU-run: at >= `cutlass_w4a16_dq.MIN_ROWS` rows per group, dequantise chunks of experts to bf16 and run
-  CUTLASS's grouped bf16 GEMM, `backends/cuda/cutlass_w4a16_dq.py`, where `_C` has it; "auto" otherwise);
+  `config=` / DEEPINFER_DG_W4A16_CONFIG naming a kernel-4 (`...cu`), kernel-5 (`...cp`) or kernel-6 (`...cs`)
+  config, or by the impl choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only),
+  "auto" (CUDA when the rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the kernel: kernel 5
+  (`w4a16_configs.CUDA_P_BY_TN`) where `_C` has it and g <= CUDA_P_MAX_GROUPS, else kernel 4; Triton otherwise),
+  "cuda" (CUDA wherever it can run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group), "cutlass_dq"
+  (opt-in, prepared in session 5, not yet GPU-run: at >= `cutlass_w4a16_dq.MIN_ROWS` rows per group, dequantise
+  chunks of experts to bf16 and run CUTLASS's grouped bf16 GEMM, `backends/cuda/cutlass_w4a16_dq.py`, where `_C`
+  has it; "auto" otherwise);
 * CPU tensors -> the PyTorch reference (`reference_w4a16.py`), unless DEEPINFER_DEEP_GEMM_BACKEND=triton,
   which needs TRITON_INTERPRET=1 (the interpreter; dot operands are then upcast to fp32 automatically).
 """

@@ -7,9 +7,11 @@ Not wired into the engine (FP8 activations change the numerics vs the bf16-activ
 Dispatch as `api_w4a16.py`: CUDA tensors -> Triton unless DEEPINFER_DEEP_GEMM_BACKEND=reference; CPU tensors ->
 the PyTorch reference unless DEEPINFER_DEEP_GEMM_BACKEND=triton (needs TRITON_INTERPRET=1).
 
-Opt-in compiled kernel (`backends/cuda/cuda_w4a8_grouped.py`, FP8 wgmma, the compute-bound path): `impl="cuda"`
-(or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..; it runs on
-CUDA tensors when `_C` has it and the operands fit (else the Triton path). The default ("auto") is still Triton.
+Compiled kernel (`backends/cuda/cuda_w4a8_grouped.py`, FP8 wgmma, the compute-bound path): the default ("auto" =
+DEFAULT_IMPL "rows") runs it from CUDA_MIN_ROWS rows per group (cuda_wg1s4, cuda_wg2s4 from WG2_MIN_ROWS), Triton
+below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env
+DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..|triton, forces a choice. It runs on CUDA tensors when `_C` has it and the
+operands fit (else the Triton path).
 """
 
 from __future__ import annotations

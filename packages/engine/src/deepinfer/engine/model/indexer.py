@@ -54,6 +54,12 @@ class Indexer:
             block_table=pool.block_table,
             rows_per_block=view.rows_per_block,
         )
+        # deep_select returns the k picks in no particular order (the CUDA kernel places candidates with shared
+        # atomics, so the order changes from run to run); sparse attention sums its tiles in list order, so an
+        # unordered list makes the logits differ in the last bits between identical runs and between batch
+        # compositions. Descending ids fix the order (same set, deterministic sums) and keep deep_select's -1 padding
+        # last. Not yet timed on the GPU (one small sort per CSA layer and step).
+        sel = torch.sort(sel, dim=-1, descending=True).values
         if self.record:  # tests compare the selections with DeepSeek's reference
             self.recorded.append(sel)
         return sel

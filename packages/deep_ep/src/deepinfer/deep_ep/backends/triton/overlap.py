@@ -18,9 +18,10 @@ Dispatch is two launches instead of the no-sync mode's 3 + (R - 1) + barriers:
        copy-out runs behind the peer's push instead of after a barrier);
      E pads rows past the received count (ids -1, weights 0, source -1) and its last program writes `mat`
        and the per-expert counts (as `nosync.plan` does).
-     That is the "serial" launch order (the default). `ORDERS` / `_role_pid`: "mixed" launches D's programs
-     right after A on CUDA (they wait only on A and on peers' pushes, never on a program of their own launch
-     behind them) and interleaves B and C per token block; the roles' code is the same either way.
+     That is the "serial" launch order (this module's default; `_overlap` passes "mixed", the Buffer's default
+     since session 6). `ORDERS` / `_role_pid`: "mixed" launches D's programs right after A on CUDA (they wait
+     only on A and on peers' pushes, never on a program of their own launch behind them) and interleaves B and
+     C per token block; the roles' code is the same either way.
 Combine (`combine`): after a 1-program epoch bump (ctr[1]), one launch: S sends the rows we received from
 each peer back into its combine region at their send positions (each block of rows followed by its tags;
 the last program per peer also sets our combine flag there); R sums each token in fp32 in rank order (the
@@ -32,9 +33,10 @@ are doubled by epoch parity so a fast rank's next call cannot overwrite what a s
 rank's call N + 1 always waits for every peer's count flag (dispatch) or combine flag (combine) of N + 1,
 which that peer sets only after finishing call N, so no rank gets two calls ahead of a peer. A wait that
 spins longer than `spin_limit` polls sets ctr[2] = 1 and proceeds (`timed_out`).
-Session 6 (opt-in, the same results): `DISPATCH_CONFIGS` ("early": the count column flagged before the rest of the
-row; "fused": + the layout scan inside the dispatch launch, the epoch advanced in it), `COMBINE_CONFIGS` "fold"
-(the epoch bump inside the combine launch) and "send2" (2x the send programs); `DIAGS`: benchmark-only kernels.
+Session 6 (the same results): `DISPATCH_CONFIGS` ("early", the Buffer's default since session 6: the count column
+flagged before the rest of the row; "fused", opt-in: + the layout scan inside the dispatch launch, the epoch advanced
+in it), `COMBINE_CONFIGS` "fold" (opt-in: the epoch bump inside the combine launch) and "send2" (opt-in: 2x the send
+programs); `DIAGS`: benchmark-only kernels.
 Buffers: every rank's buffer viewed as int32 words (`peers32`, row data) and int64 (`peers64`, flags and
 counts); a peer is picked with the constexpr chains of `ll._store_peer` (stores masked off for the others).
 """
@@ -70,8 +72,9 @@ FLAG_CMB = tl.constexpr(0)  # the combine buffer: [combine flags (8)]
 BIG: tl.constexpr = tl.constexpr(1 << 62)
 # program orders of the dispatch launch (`dispatch(order=...)`, `_role_pid`): "serial" (session 4: A, B, C, D,
 # E by program id, so every wait is on a role dispatched earlier: what the CPU interpreter, which runs the
-# programs one after another, needs) or "mixed" (session 5, opt-in: D's copy-out programs right after
-# A on CUDA, then B and C interleaved per token block; on CPU only the interleave, D after them)
+# programs one after another, needs) or "mixed" (session 5; the Buffer's default since session 6, which `_overlap`
+# passes: D's copy-out programs right after A on CUDA, then B and C interleaved per token block; on CPU only the
+# interleave, D after them)
 ORDERS = ("serial", "mixed")
 # early (spinning) copy-out programs per launch, far below what the GPU holds at once: Triton 3.6 builds this
 # kernel with 72-96 registers a thread at 4 warps and 1 KB of shared memory, i.e. >= 5 programs per SM, >= 660
@@ -100,10 +103,11 @@ COMBINE_CONFIGS = {
     "send2": (1, 2, False),
     "wide_fold_send2": (2, 2, True),
 }
-# dispatch configs (`dispatch(config=...)`, DEEPINFER_DEEP_EP_OVERLAP_DISPATCH): "base" (the default: the count
-# flag once the whole exchange row is in every peer's buffer), "early" (session 6, opt-in: the rows-per-rank part
-# first with its own flag, FLAG_EARLY, which the own-block copy, the copy-out and the padding wait for; the per-expert
-# counts, summed over the layout blocks 8 at a time instead of one dependent load per block, follow with the full
+# dispatch configs (`dispatch(config=...)`, DEEPINFER_DEEP_EP_OVERLAP_DISPATCH): "base" (this function's default,
+# the session-5 kernel: the count flag once the whole exchange row is in every peer's buffer), "early" (session 6;
+# the Buffer's default since session 6, which `_overlap.dispatch_config` passes: the rows-per-rank part first with
+# its own flag, FLAG_EARLY, which the own-block copy, the copy-out and the padding wait for; the per-expert counts,
+# summed over the layout blocks 8 at a time instead of one dependent load per block, follow with the full
 # flag, which only the plan waits for). Why: rank r's own-block programs and every copy-out program spin until the
 # flags of the (lower) ranks arrive, holding SM slots the pushes need; the full row's 32 block loads in series delay
 # those flags), "fused" (session 6, opt-in: "early" + the layout scan's programs first in the same launch, no layout

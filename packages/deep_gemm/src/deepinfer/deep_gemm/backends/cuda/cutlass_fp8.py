@@ -21,7 +21,8 @@ B's scales are read K-major as given (cp.async, one 4-byte load per 128x128 bloc
 
 Configs (csrc/cuda/cutlass/dg_cutlass_fp8.h, `CONFIGS`): 0/2 = 128x128x128 cooperative, cluster 1x2, stream-K
 (k is split across CTAs when there are fewer tiles than SMs: small m); 3 = the same with cluster 2x1; 5 = the
-same with cluster 2x2 (A and B multicast: less L2 traffic per FLOP; not yet measured); 1/4 = 64x128x128 ping-pong,
+same with cluster 2x2 (A and B multicast: less L2 traffic per FLOP; session 4: 0.67-1.28x config 2, never the
+fastest); 1/4 = 64x128x128 ping-pong,
 persistent. Runtime tile-scheduler knobs (no extra instantiation): raster (0 heuristic,
 1 along M, 2 along N), swizzle (1/2/4/8), and for the stream-K configs decomposition (0 heuristic, 1 data-parallel,
 2 split-K, 3 stream-K) with splits. `auto_config(m, n, k)` is the per-shape choice of the API's auto dispatch.

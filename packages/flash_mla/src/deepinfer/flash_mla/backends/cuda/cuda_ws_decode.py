@@ -1,12 +1,14 @@
 """Warp-specialised CUDA C++ (sm_90a) sparse sink attention: `csrc/cuda/fm_ws_decode.cu` (ws / ws2) and
 `csrc/cuda/fm_ws3_decode.cu` (ws3), both through `_C.sparse_decode_ws`.
 
-Same math, arguments, results and split-KV format as `cuda_sparse_decode.py` (the serial kernel, today's default);
+Same math, arguments, results and split-KV format as `cuda_sparse_decode.py` (the serial kernel: the default below 32
+tokens and for extra-cache calls);
 the kernel differs inside a CTA (design notes at the top of the .cu file): a producer warpgroup gathers 32-row
 tiles into a 4-stage shared-memory ring (FP8 rows dequantised to bf16 by the producer), two consumer warpgroups run
 only wgmma and the softmax, scores split over d, P in registers, P @ V of tile i overlapping the scores and softmax of
-tile i + 1. ws3 is the API default for calls of at least `WS3_MIN_TOKENS` query tokens without an extra cache
-(`triton_split_attn.sparse_attn_split_triton(kernel=None)` asks `ws3_default_for`; kernel="cuda_ws3" forces it);
+tile i + 1. For calls without an extra cache the API default runs ws3 from `WS3_MIN_TOKENS` (32) query tokens and the
+ws3p family from `WS3P_MIN_TOKENS` (64; `default_variant`: ws3p1l on a BF16 cache, ws3p1 on FP8)
+(`triton_split_attn.sparse_attn_split_triton(kernel=None)` asks `ws3_default_for`; kernel="cuda_ws3" forces ws3);
 ws / ws2 run only when called directly (the benchmark's `cuda_ws[2][_fp8]` rows, `--all-variants`).
 
 Variants (`variant=`; ws / ws2 from one source by template flags): "ws" the first version; "ws2" the producer signals
@@ -21,7 +23,8 @@ gather after tile 0: the compute rate), "no_xchg" (no partial-S exchange), "qk_o
 only the P @ V wgmma), "no_softmax" (S packed to bf16 as P: no max / exp / row sums); ws3 has "producer" and
 "consumer" only (`ablations_of`).
 
-Extra cache (session 5 round 4, NOT yet GPU-run; off by default): ws3 also takes the engine's call, `extra_kv` /
+Extra cache (session 5 round 4; GPU-tested in session 6, off by default: 1.08x the serial kernel at engine decode
+b 32, 0.90x at b 128, 0.85x at prefill 4,096): ws3 also takes the engine's call, `extra_kv` /
 `extra_indices` (the step's fresh rows, same row format as kv): the main list followed by the extra list in 64-row tiles
 (a tile may straddle both), the producer gathering each row from its cache, all-hole tiles skipped (the serial kernel's
 rules; `_C.sparse_decode_ws3_extra`, fm_ws3_decode.cu's EXTRA flag). Routed only by an explicit
@@ -29,13 +32,15 @@ rules; `_C.sparse_decode_ws3_extra`, fm_ws3_decode.cu's EXTRA flag). Routed only
 environment variable `DEEPINFER_FLASH_MLA_WS3_EXTRA=1` (`WS3_EXTRA_ENV`; then extra-cache calls of at least
 `WS3_MIN_TOKENS` tokens run ws3 too). Without either, extra-cache calls run the serial kernel as before.
 
-Persistent ws3 (session 5 round 5, NOT yet GPU-run; `variant="ws3p"` only, no route picks it): the same kernel body
+Persistent ws3 (session 5 round 5, GPU-tested in session 6; `variant="ws3p"`, the default from 64 tokens only for a
+`_C` without the option builds): the same kernel body
 as ws3 (both caches, no extra cache, no ablations) in a persistent grid of min(#SMs, work items) CTAs
 (`_C.sparse_decode_ws3p`, fm_ws3_decode.cu's ws3p_decode_kernel); each CTA takes work items (token, split, head
 block) at a static stride, its producer's ring runs on into the next item's first tiles and the next item's Q is loaded
 while the consumers finish the current one. `max_ctas=` caps the grid (tests: several items per CTA).
 
-ws3p options (session 6, NOT yet GPU-run; `variant=` "ws3pw" / "ws3pl" / "ws3pe" / "ws3px", no route picks them):
+ws3p options (session 6, GPU-tested there; `variant=` "ws3pw" / "ws3pl" / "ws3pe" / "ws3px"; the default picks
+"ws3p1l" (BF16) / "ws3p1" (FP8) from `WS3P_MIN_TOKENS`):
 ws3p compiled with option flags (`WS3P_OPTS`, fm_ws3_decode.cu kOpt*; `_C.sparse_decode_ws3p_opt`), each keeping
 ws3p's results bit for bit: "ws3pw" the FP8 producer loads all 16 rows of a warp before storing (one load round trip
 per tile instead of two; 120 / 192 producer / consumer registers; BF16: ws3p itself), "ws3pl" O *= alpha skipped by a

@@ -424,8 +424,9 @@ def _kernel_fn(kernel: str):  # noqa: ANN202 (a triton JITFunction)
 # The kernel `sparse_attn_split_triton(kernel=None)` runs, per cache format ("fp8": any FP8 cache involved).
 # "cuda" (the sm_90a wgmma kernels of csrc/cuda) passed its H200 tests and beat every Triton kernel at every decode
 # shape and at prefill (2026-11-30: 239 vs 196 TFLOPS BF16, 165 vs 112 FP8 at b = 128, s_q = 2). As a default it
-# means: ws3 (`cuda_ws_decode.ws3_default_for`: >= WS3_MIN_TOKENS tokens, no extra cache; faster there in session 5),
-# else the serial kernel, else "fused" for a call neither takes (no _C, q not bf16, d != 512, mixed cache formats).
+# means: without an extra cache ws3p1l / ws3p1 (BF16 / FP8 cache) from WS3P_MIN_TOKENS tokens and ws3 from
+# WS3_MIN_TOKENS (`cuda_ws_decode.ws3_default_for` / `default_variant`; session 5 / 6 H200 runs), else the serial
+# kernel, else "fused" for a call neither takes (no _C, q not bf16, d != 512, mixed cache formats).
 # "cuda_ws3" as a default: ws3 wherever it takes the call (any token count), else the same fallbacks. Extra-cache
 # calls go to ws3 only when the call names kernel="cuda_ws3" or DEEPINFER_FLASH_MLA_WS3_EXTRA=1 (cuda_ws_decode).
 DEFAULT_KERNELS = {"bf16": "cuda", "fp8": "cuda"}
@@ -552,8 +553,8 @@ def sparse_attn_split_triton(
             across warpgroups) or "cuda" (`cuda_sparse_decode.py`: the compiled serial sm_90a wgmma kernel; bf16
             q, d = 512, both caches of one format; raises otherwise) or "cuda_ws3" (`cuda_ws_decode.py`, variant
             ws3: the warp-specialised kernel; bf16 q, h % 64 == 0, d = 512, an extra cache of kv's format too
-            (session 5 round 4, not yet GPU-run); raises otherwise). None on CUDA: ws3 for >=
-            `cuda_ws_decode.WS3_MIN_TOKENS` tokens without an extra cache (with one too when
+            (GPU-tested in session 6); raises otherwise). None on CUDA: without an extra cache ws3p1l / ws3p1 from
+            `cuda_ws_decode.WS3P_MIN_TOKENS` tokens, ws3 from `WS3_MIN_TOKENS` (extra-cache calls too when
             DEEPINFER_FLASH_MLA_WS3_EXTRA=1), else the serial kernel (`compiled_kernel_for`). Same results up to
             rounding.
         cuda_plan, cuda_merge, cuda_prefetch: the serial CUDA kernel's split plan / partial merge / L2 prefetch

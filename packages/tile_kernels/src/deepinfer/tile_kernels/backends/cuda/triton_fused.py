@@ -314,7 +314,7 @@ def swiglu_clamp_fp8_triton(
     not store_y: `_swiglu_fp8_tiles_kernel`; idx32=False, const_gpr=False: the session-4 `_swiglu_fp8_kernel`, the
     benchmark config `i64`; same bits). The i32c default since after session 5's 14:30 run: 1.04-1.15x the old
     kernel at 1 / 64 / 4,096 / 16,384 tokens (benchmarks/results/2026-11-30-s5r3-bench-tile_kernels-quant.json).
-    lean (a benchmark config, session 6; not with store_y; None: triton_quant.LEAN_DEFAULT): the tiles kernel with
+    lean (session 6; not with store_y; None: triton_quant.LEAN_DEFAULT, True since run 3): the tiles kernel with
     `quant_tile_store_lean`.
     persistent (a benchmark config, session 6; not with store_y): programs per SM of a persistent tiles launch.
     ftz_exp (session 6; the tiles kernel; None: FTZ_EXP_DEFAULT): silu's exp by triton_act's `_exp_ftz` (same bits).

@@ -355,7 +355,7 @@ def fp8_group_quant_triton(
     of them set, as by default: `_fp8_group_tiles_kernel`; idx32=False, const_gpr=False, tiles_per_program=1: the
     session-4 `_fp8_group_kernel`, same bits): int32 index math (ignored, i.e. int64, when an offset could reach
     2^31), groups_per_row as a constexpr (one compilation per row width), tiles per program (a benchmark config).
-    lean (a benchmark config, session 6; implies the tiles kernel; None: LEAN_DEFAULT): `quant_tile_store_lean`, the
+    lean (session 6; implies the tiles kernel; None: LEAN_DEFAULT, True since run 3): `quant_tile_store_lean`, the
     same bytes with about half the instructions per element on the GPU (2: also NAN_MUL, config `leanx`).
     persistent n > 0 (a benchmark config, session 6; instead of tiles_per_program): min(tiles, n * SMs) programs
     striding over the tiles, the tiles kernel's TILES = 0.

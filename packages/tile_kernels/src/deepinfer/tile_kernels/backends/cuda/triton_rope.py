@@ -221,9 +221,9 @@ def apply_rope_interleaved_triton(
     power of two, and warps; None: `_blocks`' choice); early_rotate: the kernel's EARLY_ROT (None: on for inputs of
     at most SMALL_ELEMS elements, `_early_rotate`; True / False: the benchmark configs early_rot / late_rot).
     row_tile (a benchmark config, session 6; d <= MAX_ROW_D): `_rope_row_kernel`, whole rows as one tile (same
-    bits), block_m rows of num_warps warps per program (None: `_blocks`' choice). cs_rt (a benchmark config,
-    session 6; None: CS_RT_DEFAULT): `_rope_kernel_cs_rt`, the default kernel with unspecialised cos / sin strides
-    (same bits).
+    bits), block_m rows of num_warps warps per program (None: `_blocks`' choice). cs_rt (session 6; None:
+    CS_RT_DEFAULT and more than one row per token, i.e. q: the default since run 3): `_rope_kernel_cs_rt`,
+    `_rope_kernel` compiled with unspecialised cos / sin strides (same bits).
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES:
         raise TypeError(f"x must be a fp32/bf16/fp16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
