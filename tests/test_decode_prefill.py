@@ -72,5 +72,7 @@ def test_mixed_batch_equals_alone(runner):
             got_b.append(outs[-1])
     runner.cache.free_slot(sa)
     runner.cache.free_slot(sb)
-    assert (torch.cat(got_a) - alone_a).abs().max() <= 1e-5
-    assert (torch.cat(got_b) - alone_b).abs().max() <= 1e-5
+    # a is prefilled in chunks of 8 here against one shot alone: the chunked-prefill comparison above, so the module's
+    # 1e-4 (fp32 sums over different chunk shapes), not a tighter bound that held by luck of the pick order
+    assert (torch.cat(got_a) - alone_a).abs().max() <= 1e-4
+    assert (torch.cat(got_b) - alone_b).abs().max() <= 1e-5  # b: one token a step either way, only the batch differs

@@ -36,9 +36,8 @@ if not _CUDA:
 pytest.importorskip("triton")
 
 import mla_checks as mc  # noqa: E402
-from mla_checks import poison_unused  # noqa: E402
+import test_mla_ws3p as _ws3p_tests  # noqa: E402
 from test_mla_split import _check, _fp8  # noqa: E402
-from test_mla_triton import _holes, _sink  # noqa: E402
 
 from deepinfer.flash_mla import reference  # noqa: E402
 
@@ -183,30 +182,9 @@ def test_ws3p_opt_bench_rows() -> None:
 # ------------------------------------------------------------------------------------------------------ GPU
 
 
-@functools.cache
-def _inputs(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """CPU inputs (cached: every build runs the same data): q [t, 64, 512] bf16; a 16,384-row BF16 cache with NaN in
-    every slot no index names; int32 [t, 640] distinct slots per token with ~5 % holes of every kind, token 1 none
-    valid; a random sink."""
-    g = torch.Generator().manual_seed(seed)
-    n, k = 16384, 640
-    q = (3 * torch.randn(t, 64, 512, generator=g)).bfloat16()
-    idx = torch.rand(t, n - 64, generator=g).topk(k, dim=-1).indices.to(torch.int32)
-    idx[torch.rand(t, k, generator=g) < 0.05] = -1
-    idx[1] = -1
-    idx = _holes(idx, n, g)
-    cache = poison_unused(torch.randn(n, 512, generator=g).bfloat16(), [idx])
-    return q, cache, idx, _sink("random", 64, g)
-
-
-def _run(variant: str, q, kv, idx, sink, **kw) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
-    """One call into NaN-poisoned outputs (every element must be written), synchronised."""
-    out = torch.full(tuple(q.shape), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full(tuple(q.shape[:2]), float("nan"), device="cuda")
-    o, s = _WS.sparse_attn_ws(q, kv, idx, sink, SCALE, out=out, lse_out=lse, variant=variant, **kw)
-    assert o is out and s is lse
-    torch.cuda.synchronize()
-    return o, s
+# the same inputs and NaN-poisoned call as test_mla_ws3p's GPU tests, cached: every build runs the same data
+_inputs = functools.cache(_ws3p_tests._inputs)
+_run = _ws3p_tests._run
 
 
 def _bits_differ(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> str | None:
