@@ -482,8 +482,8 @@ __global__ void __launch_bounds__(128 * kWG, 1) w4a8_grouped_kernel(const Params
 
 // kRel pre-pass: sref[row] = max scale byte of the row over k | (bad << 8), bad = the row spans > kRelSpan binades
 // or holds byte 255 (NaN). rows = g * n, kg = k / 32 (a multiple of 4: 4-byte loads).
-__global__ void w4a8_sref_kernel(const uint8_t* __restrict__ scales, uint16_t* __restrict__ sref, long long rows,
-                                 int kg) {
+static __global__ void w4a8_sref_kernel(const uint8_t* __restrict__ scales, uint16_t* __restrict__ sref, long long rows,
+                                        int kg) {
   const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= rows) return;
   const uint32_t* src = reinterpret_cast<const uint32_t*>(scales + row * kg);
