@@ -203,28 +203,34 @@ def run_overlap_dispatch_configs(group: dist.ProcessGroup, seed: int) -> None:
     from deepinfer.deep_ep import _overlap
 
     world = dist.get_world_size(group)
+    for i, config, buf, cpu in _config_sweep(group, _overlap.DISPATCH_ENV, (*DISPATCH_CONFIGS, "base")):
+        if cpu:
+            check_worst_vs_reference(buf, seed + i, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=True)
+            continue
+        counts = [4096, 0, 1000, 77, 5, 9, 2048, 1][:world]
+        check_worst_vs_reference(buf, seed + i, 4096, 256, 6, counts, overlap=True)
+        if config == "fused":  # (fused runs every code path of early, and its own: the time budget)
+            check_worst_vs_reference(buf, seed + 10 + i, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world],
+                                     overlap=True)  # fmt: skip
+            worst_graph_equals_eager(buf, seed + 20 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
+                                     overlap=True)  # fmt: skip
+
+
+def _config_sweep(group: dist.ProcessGroup, env: str, configs: tuple[str, ...]):  # noqa: ANN202 (a generator)
+    """Yields (i, config, buffer, on CPU) for each config with the env var `env` set to it, on one overlapped-path
+    Buffer (NCCL groups: the Triton movers); after the last config, no wait of the overlapped variant may have timed
+    out; then the env var is cleared and the buffer destroyed."""
     if dist.get_backend(group) == "nccl":
         os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
     buf = Buffer(group)
     cpu = buf_device(buf).type == "cpu"
     try:
-        for i, config in enumerate((*DISPATCH_CONFIGS, "base")):
-            os.environ[_overlap.DISPATCH_ENV] = config
-            if cpu:
-                check_worst_vs_reference(buf, seed + i, 256, 8 * world, 6, [9, 0, 13, 4][:world], overlap=True)
-                continue
-            counts = [4096, 0, 1000, 77, 5, 9, 2048, 1][:world]
-            check_worst_vs_reference(buf, seed + i, 4096, 256, 6, counts, overlap=True)
-            if config == "base":
-                continue
-            if config == "fused":  # (fused runs every code path of early, and its own: the time budget)
-                check_worst_vs_reference(buf, seed + 10 + i, 7168, 64, 8, [0, 300, 5, 7, 1, 1, 1, 1][:world],
-                                         overlap=True)  # fmt: skip
-                worst_graph_equals_eager(buf, seed + 20 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
-                                         overlap=True)  # fmt: skip
+        for i, config in enumerate(configs):
+            os.environ[env] = config
+            yield i, config, buf, cpu
         assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
     finally:
-        os.environ.pop(_overlap.DISPATCH_ENV, None)
+        os.environ.pop(env, None)
     buf.destroy()
 
 
@@ -240,25 +246,15 @@ def run_overlap_fold(group: dist.ProcessGroup, seed: int) -> None:
     from deepinfer.deep_ep import _overlap
 
     world = dist.get_world_size(group)
-    if dist.get_backend(group) == "nccl":
-        os.environ["DEEPINFER_DEEP_EP_IMPL"] = "triton"
-    buf = Buffer(group)
-    cpu = buf_device(buf).type == "cpu"
-    try:
-        for i, config in enumerate((*FOLD_CONFIGS, "base")):
-            os.environ[_overlap.COMBINE_ENV] = config
-            if cpu:
-                check_overlap_combine_vs_reference(buf, seed + i, 128, 8 * world, 4, [150, 70, 0, 9][:world])
-                continue
-            counts = [1000, 4096, 0, 77, 5, 9, 2048, 1][:world]
-            check_overlap_combine_vs_reference(buf, seed + i, 4096, 256, 6, counts)
-            if config == "wide_fold_send2":  # (every code path of fold, wide_fold and send2: the time budget)
-                worst_graph_equals_eager(buf, seed + 10 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
-                                         overlap=True)  # fmt: skip
-        assert not buf._fast._overlap_state.timed_out(), "a wait of the overlapped variant gave up"
-    finally:
-        os.environ.pop(_overlap.COMBINE_ENV, None)
-    buf.destroy()
+    for i, config, buf, cpu in _config_sweep(group, _overlap.COMBINE_ENV, (*FOLD_CONFIGS, "base")):
+        if cpu:
+            check_overlap_combine_vs_reference(buf, seed + i, 128, 8 * world, 4, [150, 70, 0, 9][:world])
+            continue
+        counts = [1000, 4096, 0, 77, 5, 9, 2048, 1][:world]
+        check_overlap_combine_vs_reference(buf, seed + i, 4096, 256, 6, counts)
+        if config == "wide_fold_send2":  # (every code path of fold, wide_fold and send2: the time budget)
+            worst_graph_equals_eager(buf, seed + 10 + i, 4096, 256, 6, [4096, 1000, 0, 77, 5, 9, 2048, 1][:world],
+                                     overlap=True)  # fmt: skip
 
 
 # name -> (scenario, torch.distributed backend)
