@@ -169,8 +169,12 @@ def test_variant_names_round_trip() -> None:
 
 
 def test_variant_list_in_sync_with_cu() -> None:
-    pat = r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)"
-    from_cu = [tuple(map(int, t)) for t in re.findall(pat, (_CSRC / "dg_w4a8_grouped.cu").read_text())]
+    """kEntries: DG_W4A8_VARIANT(wg, stages, rel) and DG_W4A8_WS_VARIANT(stages, pipe) (= (2, stages, 2 + pipe))."""
+    pat = r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)|DG_W4A8_WS_VARIANT\((\d+),\s*(\d+)\)"
+    from_cu = [
+        (2, int(t[3]), 2 + int(t[4])) if t[3] else tuple(map(int, t[:3]))
+        for t in re.findall(pat, (_CSRC / "dg_w4a8_grouped.cu").read_text())
+    ]
     assert from_cu == list(cw.W4A8_CUDA_VARIANTS)
 
 
@@ -217,8 +221,9 @@ def test_sm90_compile() -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
-    # + 1: the rel variants' pre-pass kernel (w4a8_sref_kernel) is always built
-    assert len(regs) == (len(cw.W4A8_CUDA_VARIANTS) if every else 1) + 1, res.stderr[-2000:]
+    # + 1: the rel variants' pre-pass kernel (w4a8_sref_kernel) is always built; the ws kernels are in dg_w4a8_ws.cu
+    n_here = len(cw.W4A8_CUDA_VARIANTS) - len(cw.WS_VARIANTS)
+    assert len(regs) == (n_here if every else 1) + 1, res.stderr[-2000:]
     assert max(regs) <= 255 and max(frames) == 0, res.stderr[-3000:]
     assert "C7510" not in res.stderr and "C7508" not in res.stderr, res.stderr[-3000:]
 

@@ -35,14 +35,14 @@ void w4a8_grouped(int wg, int stages, int rel, std::uintptr_t a, std::uintptr_t 
 
 std::vector<std::tuple<int, int, int>> variants() {
   std::vector<std::tuple<int, int, int>> out;
-  for (const auto& v : dg_w4a8::w4a8_variants()) out.emplace_back(v.wg, v.stages, v.rel ? 1 : 0);
+  for (const auto& v : dg_w4a8::w4a8_variants()) out.emplace_back(v.wg, v.stages, v.rel);
   return out;
 }
 
 }  // namespace
 
 void dg_register_w4a8(pybind11::module_& m) {
-  m.def("w4a8_cuda_variants", &variants, "Compiled W4A8 FP8-wgmma variants: (wg, stages, rel) tuples.");
+  m.def("w4a8_cuda_variants", &variants, "Compiled W4A8 FP8-wgmma variants: (wg, stages, rel) tuples (rel 2: warp-specialised).");
   m.def("w4a8_cuda_smem_bytes", &dg_w4a8::w4a8_smem_bytes, py::arg("wg"), py::arg("stages"), py::arg("rel"),
         py::arg("g"), "Dynamic shared memory of a variant with g groups (-1: not compiled).");
   m.def("w4a8_cuda_grouped", &w4a8_grouped, py::arg("wg"), py::arg("stages"), py::arg("rel"), py::arg("a"),

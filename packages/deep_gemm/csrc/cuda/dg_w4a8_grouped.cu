@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "dg_w4a8_grouped.cuh"
+#include "dg_w4a8_ws.h"
 
 namespace dg_w4a8 {
 namespace {
@@ -96,6 +97,19 @@ int smem_of(int g) {
   return Layout<WG, NS, REL>::bytes(g);
 }
 
+// Schemes 2 ("ws") and 3 ("wsp": pipelined consumers + setmaxnreg): the warp-specialised kernel of dg_w4a8_ws.cu
+// (wg is always 2 there: 2 consumer warpgroups).
+template <int NS, int PIPE>
+int launch_ws(const Params& p, int ctas, cudaStream_t stream) {
+  return w4a8_ws_launch(NS, PIPE, p, ctas, stream, &g_last_error);
+}
+template <int NS, int PIPE>
+int smem_of_ws(int g) {
+  return w4a8_ws_smem_bytes(NS, PIPE, g);
+}
+#define DG_W4A8_WS_VARIANT(NS, PIPE) \
+  Entry { {2, NS, 2 + PIPE}, &launch_ws<NS, PIPE>, &smem_of_ws<NS, PIPE> }
+
 #define DG_W4A8_VARIANT(WG, NS, REL) \
   Entry { {WG, NS, REL}, &launch<WG, NS, REL>, &smem_of<WG, NS, REL> }
 
@@ -107,12 +121,15 @@ const Entry kEntries[] = {
     DG_W4A8_VARIANT(1, 4, 0),  // 64 x 128 tiles: half-empty tiles cost less at 64 tokens per expert, 2 CTAs per SM
     DG_W4A8_VARIANT(2, 4, 1),  // row-reference scales: one FFMA per accumulator per block (+ the s_ref pre-pass)
     DG_W4A8_VARIANT(1, 4, 1),  //
+    DG_W4A8_WS_VARIANT(4, 0),  // warp-specialised (producer warpgroup converts; dg_w4a8_ws.cuh), 4-stage ring
+    DG_W4A8_WS_VARIANT(3, 0),  //
+    DG_W4A8_WS_VARIANT(4, 1),  // + pipelined consumers (two blocks in flight per warpgroup, setmaxnreg)
 #endif
 };
 
 const Entry* find(int wg, int stages, int rel) {
   for (const Entry& e : kEntries) {
-    if (e.v.wg == wg && e.v.stages == stages && (int)e.v.rel == rel) return &e;
+    if (e.v.wg == wg && e.v.stages == stages && e.v.rel == rel) return &e;
   }
   return nullptr;
 }
@@ -139,7 +156,7 @@ int w4a8_grouped_launch(int wg, int stages, int rel, std::uintptr_t a, std::uint
   const Entry* e = find(wg, stages, rel);
   if (e == nullptr) return -1;
   if (m < 0 || n <= 0 || n % 16 != 0 || k <= 0 || k % kBK != 0 || g < 1 || g > kMaxGroups ||
-      (rel && (sref == 0 || sref % 16 != 0))) {
+      (rel == 1 && (sref == 0 || sref % 16 != 0))) {
     char buf[200];
     std::snprintf(buf, sizeof(buf),
                   "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s (k %% 128, n %% 16, 1 <= g <= %d, a 16-byte "

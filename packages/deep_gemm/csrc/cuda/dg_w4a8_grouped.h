@@ -8,10 +8,11 @@
 namespace dg_w4a8 {
 
 // One compiled variant: consumer warpgroups (token rows per tile = 64 * wg; 128 weight rows), ring stages, and rel
-// (row-reference scales: a pre-pass writes per weight row its largest scale byte, see dg_w4a8_grouped.cuh).
+// (the scheme: 0 absolute, 1 row-reference scales: a pre-pass writes per weight row its largest scale byte, see
+// dg_w4a8_grouped.cuh; 2 "ws": the warp-specialised kernel of dg_w4a8_ws.cuh, absolute numerics, wg = 2).
 struct W4A8Variant {
   int wg, stages;
-  bool rel;
+  int rel;
 };
 
 // The compiled variants, in a fixed order.

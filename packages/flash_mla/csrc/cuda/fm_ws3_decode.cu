@@ -97,7 +97,13 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     exchange: one named barrier per tile instead of two); it publishes P, alpha and the running max, and warpgroup
 //     1 only rescales its O half and runs its P @ V. Row sums over all 64 keys in warpgroup 0 (warpgroup 1's stay 0),
 //     so lse / out differ from ws3p in the last bits.
-constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8;
+//   kOptCvt (session 7; built in fm_ws3c_decode.cu only, as opt 24 = ws3p1 + kOptCvt: "ws3p1c"): the FP8 producer's
+//     dequant8c instead of dequant8 (e4m3 -> f16 -> bf16 by the exact one-instruction cvts, then one bf16x2 multiply
+//     by the bf16 scale: 22 instead of 26 instructions per 8 bytes, no fp32 round trip). Same bits as without it.
+//   kOptCvtHalf (session 7, fm_ws3c_decode.cu only, opt 40 = ws3p1 + kOptCvtHalf: "ws3p1h"): half of each 8 bytes
+//     (the low e4m3 pair of each word) by dequant8c's path, the other half by dequant8's, so the conversion pipe
+//     (F2F) and the fp32 pipe share the work. Same bits as without it.
+constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptCvt = 16, kOptCvtHalf = 32;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -292,6 +298,60 @@ __device__ __forceinline__ uint4 dequant8(uint2 b, float s) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// dequant8's scale byte sb as the bf16x2 multiplier of dequant8c: 2^(sb - 127) in both halves (sb 0: +0, as
+// dequant8's 0.0f; sb 255: bf16 NaN 0x7fc0, as dequant8's 0x7fc00000 rounded).
+__device__ __forceinline__ uint32_t bf16x2_scale(uint32_t sb) { return sb == 255u ? 0x7fc07fc0u : (sb << 7) * 0x10001u; }
+
+// kOptCvt: dequant8 with the same results bit for bit. Why equal: every e4m3 value (and NaN) is exact in f16 and in
+// bf16 (3 mantissa bits, exponents 2^-9 .. 2^8), so e4m3 -> f16 -> bf16 loses nothing; dequant8's fp32 product
+// e4m3 * 2^(sb - 127) is exact (>= 2^-135, 4 significant bits: above fp32's 2^-149 subnormal step; an overflow is
+// inf in both), so its only rounding is the final fp32 -> bf16 RN, and fma.rn.bf16x2 (x * m - 0) rounds the same
+// exact product once to bf16 RN (subnormals kept: bf16 fma has no flush). Signed zeros: x * 0 - 0 keeps x's sign
+// (-0 + -0 = -0, +0 + -0 = +0), as x * 0.0f does; NaN in, canonical NaN out (0x7fff), as the fp32 path's cvt.
+__device__ __forceinline__ uint32_t bf16x2_of_e4m3x2(uint32_t pair) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair & 0xffffu), __NV_E4M3);
+  unsigned short lo, hi;
+  asm("cvt.rn.bf16.f16 %0, %1;\n" : "=h"(lo) : "h"(hr.x));
+  asm("cvt.rn.bf16.f16 %0, %1;\n" : "=h"(hi) : "h"(hr.y));
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+// 8 e4m3 bytes times the bf16x2 scale m2 (bf16x2_scale) -> 8 bf16, bit-identical to dequant8 (see above).
+__device__ __forceinline__ uint4 dequant8c(uint2 b, uint32_t m2) {
+  const uint32_t w[2] = {b.x, b.y};
+  const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&m2);
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t x = bf16x2_of_e4m3x2(w[h] >> (16 * k));
+      const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), m);
+      o[2 * h + k] = *reinterpret_cast<const uint32_t*>(&r);
+    }
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// kOptCvtHalf: pairs 0 and 2 of the 8 bytes by dequant8c's path (bf16 multiplier m2), pairs 1 and 3 by dequant8's
+// (fp32 scale s); the same bits as either.
+__device__ __forceinline__ uint4 dequant8h(uint2 b, uint32_t m2, float s) {
+  const uint32_t w[2] = {b.x, b.y};
+  const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&m2);
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t x = bf16x2_of_e4m3x2(w[h]);
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), m);
+    o[2 * h] = *reinterpret_cast<const uint32_t*>(&r);
+    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[h] >> 16), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
+    __nv_bfloat162 bb = __floats2bfloat162_rn(f.x * s, f.y * s);
+    o[2 * h + 1] = *reinterpret_cast<uint32_t*>(&bb);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // ------------------------------------------------------------------------------------------------ producers
 
 // BF16 rows: thread t (of 128) copies 16-byte chunk t % 64 of rows t / 64 + 2 i (holes zero-filled, never read).
@@ -326,8 +386,9 @@ __device__ __forceinline__ void fp8_load(uint2 (&v)[B][3], const int* rows, cons
   }
 }
 
-// The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0).
-template <int B = kFp8Batch>
+// The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0). CVT: 0
+// dequant8, 1 dequant8c (kOptCvt), 2 dequant8h (kOptCvtHalf).
+template <int B = kFp8Batch, int CVT = 0>
 __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3], int r0, int lane) {
 #pragma unroll
   for (int i = 0; i < B; ++i) {
@@ -342,8 +403,15 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3]
       if (u < 56) {
         const int k = u >> 3;  // scale byte k of the word
         const uint32_t sb = ((k < 4 ? sw.x : sw.y) >> (8 * (k & 3))) & 0xffu;
-        const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
-        *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8(v[i][m], s);
+        if constexpr (CVT == 1) {
+          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8c(v[i][m], bf16x2_scale(sb));
+        } else if constexpr (CVT == 2) {
+          const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
+          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8h(v[i][m], bf16x2_scale(sb), s);
+        } else {
+          const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
+          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8(v[i][m], s);
+        }
       } else {
         const int e = u - 56;  // RoPE dims 448 + 4 e .. + 3: half (e & 1) of chunk 56 + e / 2
         *reinterpret_cast<uint2*>(stage + swz(r, 56 + (e >> 1), kBN) + (e & 1) * 8) = v[i][m];
@@ -353,8 +421,8 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3]
 }
 
 // One FP8 tile by the 4 producer warps (warp W: rows 16 W .. 16 W + 15). The first batch is loaded before waiting for
-// the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage.
-template <bool EXTRA, bool WIDE = false>
+// the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage. CVT: fp8_store's.
+template <bool EXTRA, bool WIDE = false, int CVT = 0>
 __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& kv, bool wait, uint32_t bar,
                                          uint32_t parity, int* s_rows_st, int cur, int t) {
   // warp / lane re-read per tile (opaque to the compiler): otherwise it hoists every per-row offset out of the tile
@@ -367,16 +435,16 @@ __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const 
     fp8_load<EXTRA, 2 * kFp8Batch>(w, rows, kv, r0, lane);
     if (wait) mbar_wait(bar, parity);
     if (t < kBN) s_rows_st[t] = cur;
-    fp8_store<2 * kFp8Batch>(stage, w, r0, lane);
+    fp8_store<2 * kFp8Batch, CVT>(stage, w, r0, lane);
     return;
   }
   uint2 v[kFp8Batch][3];
   fp8_load(v, rows, kv, r0, lane);
   if (wait) mbar_wait(bar, parity);
   if (t < kBN) s_rows_st[t] = cur;
-  fp8_store(stage, v, r0, lane);
+  fp8_store<kFp8Batch, CVT>(stage, v, r0, lane);
   fp8_load(v, rows, kv, r0 + kFp8Batch, lane);
-  fp8_store(stage, v, r0 + kFp8Batch, lane);
+  fp8_store<kFp8Batch, CVT>(stage, v, r0 + kFp8Batch, lane);
 }
 
 // EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
@@ -934,8 +1002,9 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
     const int* rows = prow + (g & 1) * kBN;
     uint8_t* stage = smem + Smem::ring + s * kStageBytes;
     if constexpr (FP8) {
-      fp8_tile<false, (OPT & kOptWideFp8) != 0>(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN,
-                                                  cur, t);
+      constexpr int kCvt = (OPT & kOptCvt) != 0 ? 1 : (OPT & kOptCvtHalf) != 0 ? 2 : 0;
+      fp8_tile<false, (OPT & kOptWideFp8) != 0, kCvt>(stage, rows, kv, wait, bar_empty + 8 * s, parity,
+                                                      s_rows + s * kBN, cur, t);
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {
@@ -1202,8 +1271,21 @@ static int launch_persist_opt(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   }
 }
 
+#ifdef FM_WS3_CVT_TU
+// fm_ws3c_decode.cu (this file included with FM_WS3_CVT_TU): the kOptCvt builds only, so that this file's own
+// instances (and the compile test counting them) stay as they were. FP8 only (BF16 has no dequant: the Python side
+// runs the same opt without kOptCvt through fm_ws3p_launch_opt).
+static int launch_persist_cvt(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
+  switch (opt) {
+    case 24: return launch_persist<true, 24>(a, max_ctas, s);
+    case 40: return launch_persist<true, 40>(a, max_ctas, s);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+#endif
 }  // namespace fm_ws3
 
+#ifndef FM_WS3_CVT_TU
 int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist_opt<true>(a, max_ctas, opt, s)
@@ -1238,3 +1320,4 @@ int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist<true>(a, max_ctas, s) : fm_ws3::launch_persist<false>(a, max_ctas, s);
 }
+#endif  // FM_WS3_CVT_TU

@@ -8,7 +8,9 @@ four m64n128k32 FP8 wgmmas into a temporary, promoted once per block with sfa * 
 spread wider take an exact per-32 path (see the kernel header). Same operands and contract as
 `triton_fp4_fp8_grouped.py`.
 
-Variants (wg, stages, rel): `W4A8_CUDA_VARIANTS`; names 'cuda_wg2s4', 'cuda_wg2s4r' etc. (`variant_name`). rel = 1:
+Variants (wg, stages, rel): `W4A8_CUDA_VARIANTS`; names 'cuda_wg2s4', 'cuda_wg2s4r', 'cuda_ws2s4' etc. (`variant_name`);
+rel = 2 / 3: the warp-specialised kernel (`csrc/cuda/dg_w4a8_ws.cuh`, same numerics as rel = 0; 3: pipelined
+consumers, 'cuda_wsp2s4'). rel = 1:
 row-reference scales (a pre-pass kernel writes each weight row's largest scale byte into a uint16 [g, n] workspace,
 allocated per call; the main loop's promotion is then one FFMA per accumulator; see the kernel header).
 """
@@ -22,18 +24,28 @@ import torch
 from ..._backend import compiled_module
 
 __all__ = [
-    "W4A8_CUDA_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies", "compiled_variants",
+    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies", "compiled_variants",
     "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
 ]  # fmt: skip
 
 # Keep in sync with kEntries in csrc/cuda/dg_w4a8_grouped.cu (a CPU test compares them).
-W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = ((2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1))
+# rel (the scheme): 0 absolute scales, 1 row-reference scales, 2 "ws" = the warp-specialised kernel
+# (csrc/cuda/dg_w4a8_ws.cuh: a producer warpgroup loads and converts, two consumer warpgroups only wgmma and promote;
+# absolute numerics, bit-equal to scheme 0 with wg = 2), 3 "wsp" = ws with pipelined consumers (each keeps two
+# blocks' wgmmas in flight; setmaxnreg), also bit-equal.
+W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3),
+)  # fmt: skip
+WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] >= 2)
 DEFAULT_VARIANT = (2, 4, 0)
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
 
 
 def variant_name(variant: tuple[int, int, int]) -> str:
-    """(2, 4, 0) -> 'cuda_wg2s4'; (2, 4, 1) -> 'cuda_wg2s4r'."""
+    """(2, 4, 0) -> 'cuda_wg2s4'; (2, 4, 1) -> 'cuda_wg2s4r'; (2, 4, 2) -> 'cuda_ws2s4' (warp-specialised);
+    (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers)."""
+    if variant[2] >= 2:
+        return f"cuda_ws{'p' if variant[2] == 3 else ''}{variant[0]}s{variant[1]}"
     return f"cuda_wg{variant[0]}s{variant[1]}{'r' if variant[2] else ''}"
 
 
@@ -118,12 +130,12 @@ def m_grouped_fp8_fp4_gemm_nt_offsets_cuda(
     if m == 0 or n == 0:
         return out
     wg, stages, rel = variant
-    # rel: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
-    sref = torch.empty(g * n if rel else 0, dtype=torch.int16, device=values.device)
+    # rel == 1: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
+    sref = torch.empty(g * n if rel == 1 else 0, dtype=torch.int16, device=values.device)
     with torch.cuda.device(values.device):
         stream = torch.cuda.current_stream(values.device).cuda_stream
         mod.w4a8_cuda_grouped(
             wg, stages, rel, values.data_ptr(), sfa.data_ptr(), packed.data_ptr(), scales.data_ptr(),
-            offs.data_ptr(), out.data_ptr(), sref.data_ptr() if rel else 0, m, n, k, g, ctas, stream,
+            offs.data_ptr(), out.data_ptr(), sref.data_ptr() if rel == 1 else 0, m, n, k, g, ctas, stream,
         )  # fmt: skip
     return out

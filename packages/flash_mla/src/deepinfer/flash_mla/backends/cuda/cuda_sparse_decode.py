@@ -11,11 +11,16 @@ kernel="cuda"); it takes bf16 q [t, h, 512] (any h: 64 heads per CTA, a partial 
 Small-batch plans (named, measured side by side by the benchmark; DEFAULT_OPTIONS picks what kernel="cuda" runs):
 * plan: "default" (`plan_num_splits`, at least 2 tiles per split), "fine" (at least 1 tile per split), "auto"
   (`fine` when every tile of every token gets its own CTA in one wave and a token has at most FINE_MAX_TILES tiles,
-  else `default`);
+  else `default`), "wave" (session 7: `fine` whenever every tile gets its own CTA in one wave, however long the
+  list: HCA b = 1 s_q = 1 runs 130 one-tile CTAs instead of 65 two-tile ones; a candidate for the default together
+  with the "pdl_wide" merge, which makes the extra partials cheap to merge);
 * merge of the split partials: "triton" (the Triton `_combine_kernel`, a second launch), "pdl" (the CUDA
   `combine_kernel`, launched with programmatic dependent launch so its CTAs wait on the idle SMs instead of
   behind a launch gap), "last_cta" (no second launch: the last CTA of each token to finish merges the others'
   partials; per-device counter buffer, so concurrent calls on two streams of one device must not use it);
+  "pdl_wide" (session 7, `csrc/cuda/fm_combine_wide.cu`): the PDL combine with the same arithmetic in the same
+  order (bit-equal to "pdl") but its L2 reads batched: 32 splits' lse per warp load, 8 partial rows in flight,
+  where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M);
 * prefetch (prefill, several waves of CTAs): the CTA of token i prefetches into L2 the index rows and q of token
   i + (CTAs per wave), which starts about one wave later, so its first loads hit L2 (`bench rows cuda_prefetch`).
 
@@ -41,9 +46,10 @@ __all__ = ["DEFAULT_OPTIONS", "MERGES", "PLANS", "available", "cuda_num_splits",
 _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.flash_mla"
 BLOCK_H, BLOCK_N, HEAD_DIM = 64, 64, 512
 _ABI = 2  # fm_bindings.cpp SPARSE_DECODE_ABI this wrapper calls (extra list, byte row strides, merge modes)
-PLANS = ("default", "fine", "auto")
-MERGES = ("triton", "pdl", "last_cta")
-_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2}
+PLANS = ("default", "fine", "auto", "wave")
+MERGES = ("triton", "pdl", "last_cta", "pdl_wide")
+_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3}
+_MERGE_ABI = {"pdl_wide": 3}  # merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
 FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] fp32 per split) cost more to merge
 # What kernel="cuda" runs when the call does not name a plan / merge / prefetch: set from the session-4 H200 runs
 # (bench rows cuda[_fp8]_<plan>_<merge> against cuda[_fp8] at decode b = 1 / 2 and HCA b = 1: fine + pdl fastest
@@ -119,7 +125,8 @@ def cuda_num_splits(t: int, num_hb: int, tiles: int, num_sms: int, plan: str = "
     """Splits per token of the CUDA kernel under a named plan (see the module docstring); shapes only."""
     if plan not in PLANS:
         raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
-    fine = plan == "fine" or (plan == "auto" and tiles <= FINE_MAX_TILES and t * num_hb * tiles <= num_sms)
+    one_wave = t * num_hb * tiles <= num_sms  # every tile its own CTA, all in one wave
+    fine = plan == "fine" or (plan == "auto" and tiles <= FINE_MAX_TILES and one_wave) or (plan == "wave" and one_wave)
     return plan_num_splits(t, num_hb, tiles, num_sms, min_tiles=1 if fine else 2)
 
 
@@ -177,6 +184,9 @@ def sparse_attn_cuda(
     prefetch = DEFAULT_OPTIONS["prefetch"] if prefetch is None else prefetch
     if merge not in MERGES:
         raise ValueError(f"merge: expected one of {MERGES}, got {merge!r}")
+    abi = getattr(_module(), "SPARSE_DECODE_ABI", 2)
+    if abi < _MERGE_ABI.get(merge, _ABI):
+        raise ValueError(f"merge={merge!r} needs SPARSE_DECODE_ABI >= {_MERGE_ABI[merge]}, got {abi}: rebuild _C")
     t, h, d = q.shape
     idx = _index_rows("indices", indices, t)
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
@@ -267,7 +277,9 @@ def self_check(seed: int = 0, device: str = "cuda") -> str:
     ex2 = torch.where(ex_ok, torch.argsort(perm).to(torch.int32)[ex.clamp(0, n - 1).long()], ex)
     sink = torch.randn(BLOCK_H, generator=g).to(device)
     cases = [(None, False, None, 0), (1, False, None, 1), (10, False, "last_cta", 0), (1, True, None, 2)]
-    cases += [(None, True, m, 0) for m in MERGES]
+    # the merges the default may pick; a new one (pdl_wide) is checked by its tests, so a bug in it cannot turn the
+    # default kernel off through this probe
+    cases += [(None, True, m, 0) for m in MERGES if m not in _MERGE_ABI]
     fails = []
     for fp8 in (False, True):
         kv = pack_fp8_kv_ref(cache) if fp8 else cache.clone()

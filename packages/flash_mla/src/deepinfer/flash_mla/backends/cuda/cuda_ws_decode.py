@@ -51,6 +51,14 @@ a tile (m64n64k16: fewer shared-memory operand reads than two warpgroups' m64n32
 named barrier per tile instead of two), warpgroup 1 only rescales its O half and runs its P @ V; "ws3p1l" ws3p1 with
 ws3pl's lazy rescale (bit-identical to ws3p1).
 
+ws3p kOptCvt build (session 7, NOT yet GPU-run; `variant="ws3p1c"`, `WS3P_CVT_OPTS`, `_C.sparse_decode_ws3p_cvt`,
+fm_ws3c_decode.cu): ws3p1 whose FP8 producer dequantises e4m3 -> f16 -> bf16 (exact cvts) and multiplies by the bf16
+block scale in one bf16x2 op (no fp32 round trip: 22 instead of 26 instructions per 8 bytes), bit-identical to ws3p1;
+on a BF16 cache (nothing to dequantise) it runs ws3p1 itself. "ws3p1h" (kOptCvtHalf): half of each 8 bytes that
+way, half by ws3p1's fp32 path (conversion and fp32 pipes share the work), also bit-identical to ws3p1. Not in
+`VARIANTS` (the session-6 tests pin that table);
+`sparse_attn_ws` and `probe` accept it.
+
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -76,6 +84,8 @@ __all__ = [
     "ABLATIONS",
     "VARIANTS",
     "WS3P_BIT_EXACT",
+    "WS3P_CVT_BASE",
+    "WS3P_CVT_OPTS",
     "WS3P_OPTS",
     "WS3P_OPT_VARIANTS",
     "ablations_of",
@@ -96,6 +106,7 @@ __all__ = [
     "ws3_extra_enabled",
     "ws3_why_not",
     "ws3p_available",
+    "ws3p_cvt_available",
     "ws3p_grid",
     "ws3p_opt_available",
 ]
@@ -124,6 +135,12 @@ WS3P_OPTS = {"ws3p": 0, "ws3pw": 1, "ws3pl": 2, "ws3pe": 4, "ws3px": 7, "ws3p1":
 # session 6 candidates (`_C.sparse_decode_ws3p_opt`)
 WS3P_OPT_VARIANTS = ("ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")
 WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose results equal ws3p's bit for bit
+# session 7: name -> option bits of the kOptCvt builds (fm_ws3c_decode.cu, `_C.sparse_decode_ws3p_cvt`, FP8 cache; on
+# a BF16 cache the same bits without kOptCvt run through sparse_decode_ws3p_opt). Each equals its base bit for bit.
+OPT_CVT, OPT_CVT_HALF = 16, 32  # kOptCvt: dequant8c for all 8 bytes of a unit; kOptCvtHalf: for half of them
+WS3P_CVT_OPTS = {"ws3p1c": 8 | OPT_CVT, "ws3p1h": 8 | OPT_CVT_HALF}
+WS3P_CVT_BASE = {"ws3p1c": "ws3p1", "ws3p1h": "ws3p1"}  # the variant each kOptCvt build must equal bit for bit
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_CVT_OPTS}  # every persistent (ws3p family) variant
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -155,14 +172,14 @@ WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
 
 def ablations_of(variant: str) -> tuple[str, ...]:
     """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws3p: full; ws, ws2: all)."""
-    if variant in WS3P_OPTS:  # the persistent ws3 (and its option builds): the kernel only
+    if variant in _WS3P_ALL:  # the persistent ws3 (and its option builds): the kernel only
         return ("full",)
     return _WS3_ABLATIONS if variant == "ws3" else tuple(ABLATIONS)
 
 
 def block_rows(variant: str) -> int:
     """KV rows per tile of a variant's kernel: the unit of its tiles_per_split (ws / ws2: 32, ws3 / ws3p: 64)."""
-    return WS3_ROWS if variant == "ws3" or variant in WS3P_OPTS else KERNEL_ROWS
+    return WS3_ROWS if variant == "ws3" or variant in _WS3P_ALL else KERNEL_ROWS
 
 
 @functools.cache
@@ -208,6 +225,12 @@ def ws3p_opt_available() -> bool:
     """True when `_C` has ws3p's option builds (`sparse_decode_ws3p_opt`, session 6 source)."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_opt")
+
+
+def ws3p_cvt_available() -> bool:
+    """True when `_C` has ws3p's kOptCvt builds (`sparse_decode_ws3p_cvt`, session 7 source: "ws3p1c", "ws3p1h")."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "sparse_decode_ws3p_cvt")
 
 
 def ws3_extra_available() -> bool:
@@ -342,8 +365,10 @@ def _extra_rows(extra_kv: torch.Tensor, extra_indices: torch.Tensor) -> tuple[to
 
 def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
-    fn = "ws3_block_rows" if variant == "ws3" or variant in WS3P_OPTS else "ws_block_rows"
+    fn = "ws3_block_rows" if variant == "ws3" or variant in _WS3P_ALL else "ws_block_rows"
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
+    if variant in WS3P_CVT_OPTS:
+        entry = "sparse_decode_ws3p_cvt"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
@@ -385,15 +410,17 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    if variant not in VARIANTS or ablation not in ablations_of(variant):
-        allowed = sorted(ablations_of(variant)) if variant in VARIANTS else sorted(ABLATIONS)
+    known = variant in VARIANTS or variant in WS3P_CVT_OPTS
+    if not known or ablation not in ablations_of(variant):
+        allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
         raise ValueError(
-            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS)} / {allowed}, "
+            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)} / "
+            f"{allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
-    if max_ctas is not None and (variant not in WS3P_OPTS or int(max_ctas) < 1):
+    if max_ctas is not None and (variant not in _WS3P_ALL or int(max_ctas) < 1):
         raise ValueError(
-            f"max_ctas: expected None, or >= 1 with a ws3p variant {sorted(WS3P_OPTS)}, "
+            f"max_ctas: expected None, or >= 1 with a ws3p variant {sorted(_WS3P_ALL)}, "
             f"got {max_ctas!r} with {variant!r}"
         )
     _check_args(q, kv, indices, sink)
@@ -413,8 +440,10 @@ def sparse_attn_ws(
     if t == 0:
         return out, lse_out
     mod = _module()
-    _check_block_rows(mod, variant)
     kv_f, fp8 = _cache_rows(kv)
+    if variant in WS3P_CVT_OPTS and not fp8:  # nothing to dequantise: the base variant is the same kernel
+        variant = WS3P_CVT_BASE[variant]
+    _check_block_rows(mod, variant)
     q_ok = q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1)))
     q_c = q if q_ok else q.clone(memory_format=torch.contiguous_format)  # contiguous() keeps a misaligned view
     idx = indices if indices.stride(-1) == 1 or indices.shape[1] <= 1 else indices.contiguous()
@@ -441,9 +470,11 @@ def sparse_attn_ws(
             ex_f.stride(0) * ex_f.element_size(), o_dst.stride(0), o_dst.stride(1),
             lse_out.stride(0), lse_out.stride(1), fp8, stream,
         )  # fmt: skip
-    elif variant in WS3P_OPTS:
+    elif variant in _WS3P_ALL:
         entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
-        opt = () if variant == "ws3p" else (WS3P_OPTS[variant],)
+        if variant in WS3P_CVT_OPTS:
+            entry = mod.sparse_decode_ws3p_cvt
+        opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
             t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
@@ -498,7 +529,7 @@ def self_check(seed: int = 0, device: str = "cuda", variant: str = "ws") -> str:
             ro, rl = reference.sparse_attn(q, kv, ic, sink, HEAD_DIM**-0.5)
             # the ws3p family: also a grid of 3 CTAs (4 or 4 x splits work items: several per CTA, unequal counts)
             for v in variant.split(","):
-                grids = (None, 3) if v in WS3P_OPTS else (None,)
+                grids = (None, 3) if v in _WS3P_ALL else (None,)
                 for splits, ctas in [(s, c) for s in (None, 1, 7) for c in grids]:
                     out = torch.full_like(q, float("nan"))
                     lse = torch.full((t, BLOCK_H), float("nan"), device=device)
@@ -598,8 +629,9 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    if not variant or any(v not in VARIANTS for v in variant.split(",")):
-        raise ValueError(f"probe: variant: expected one of {sorted(VARIANTS)}, got {variant!r}")
+    names = sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)
+    if not variant or any(v not in names for v in variant.split(",")):
+        raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
 
 

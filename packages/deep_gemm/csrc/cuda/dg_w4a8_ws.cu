@@ -1,0 +1,68 @@
+// Launchers of the warp-specialised W4A8 grouped GEMM (kernel and numerics: dg_w4a8_ws.cuh).
+#include "dg_w4a8_ws.h"
+
+#include <cstdio>
+
+#include "dg_w4a8_ws.cuh"
+
+namespace dg_w4a8 {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and stage count (a launch under
+// CUDA-graph capture then only launches); returns the SM count.
+template <int NS, bool PIPE>
+cudaError_t ws_opt_in(int* sms) {
+  static bool configured[kMaxDevices] = {};
+  static int n_sms[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (!configured[dev]) {
+    err = cudaFuncSetAttribute(w4a8_ws_kernel<NS, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               WsLayout<NS>::bytes(kMaxGroups));
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
+  *sms = n_sms[dev];
+  return cudaSuccess;
+}
+
+template <int NS, bool PIPE>
+int ws_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
+  using L = WsLayout<NS>;
+  int sms = 0;
+  const int smem = L::bytes(p.g);
+  cudaError_t err = ws_opt_in<NS, PIPE>(&sms);
+  if (err == cudaSuccess) {
+    if (ctas <= 0) ctas = sms;  // one 384-thread CTA per SM (the ring takes most of the shared memory)
+    w4a8_ws_kernel<NS, PIPE><<<ctas, L::kThreads, smem, stream>>>(p);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess && msg != nullptr) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "w4a8 ws stages=%d pipe=%d smem=%d ctas=%d: %s", NS, (int)PIPE, smem, ctas, cudaGetErrorString(err));
+    *msg = buf;
+  }
+  return static_cast<int>(err);
+}
+
+}  // namespace
+
+int w4a8_ws_smem_bytes(int stages, int pipe, int g) {
+  if (stages == 4 && pipe <= 1) return WsLayout<4>::bytes(g);
+  if (stages == 3 && pipe == 0) return WsLayout<3>::bytes(g);
+  return -1;
+}
+
+int w4a8_ws_launch(int stages, int pipe, const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
+  if (stages == 4 && pipe == 0) return ws_launch<4, false>(p, ctas, stream, msg);
+  if (stages == 4 && pipe == 1) return ws_launch<4, true>(p, ctas, stream, msg);
+  if (stages == 3 && pipe == 0) return ws_launch<3, false>(p, ctas, stream, msg);
+  return -1;
+}
+
+}  // namespace dg_w4a8
