@@ -15,6 +15,7 @@ same runner: decode tokens/s, async x sync, and whether both produced the same t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -90,19 +91,83 @@ def _prefill(runner, b: int, n: int, dev: torch.device) -> list[int]:
     return slots
 
 
+class _ReplayMarks:
+    """Context manager: records a CUDA event on the current stream right before every `CUDAGraph.replay` (the
+    session-8 split of the in-loop forward span: host work and uploads before the replay vs the replay itself)."""
+
+    def __init__(self) -> None:
+        self.events: list[torch.cuda.Event] = []
+        self._orig = torch.cuda.CUDAGraph.replay
+
+    def __enter__(self) -> _ReplayMarks:
+        marks, orig = self, self._orig
+
+        def replay(graph):  # noqa: ANN001, ANN202
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            marks.events.append(ev)
+            return orig(graph)
+
+        torch.cuda.CUDAGraph.replay = replay
+        return self
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        torch.cuda.CUDAGraph.replay = self._orig
+
+
+def _split_forward(ev: list, marks: list) -> dict:
+    """Medians over steps of (forward start -> replay start) and (replay start -> forward end), GPU ms."""
+    if len(marks) != len(ev):
+        return {"replay_marks": f"{len(marks)} replays for {len(ev)} steps: not split"}
+    pre = sorted(e[0].elapsed_time(m) for e, m in zip(ev, marks))
+    rep = sorted(m.elapsed_time(e[1]) for e, m in zip(ev, marks))
+    return {"in_loop_pre_replay_gpu_ms_median": pre[len(pre) // 2], "in_loop_replay_gpu_ms_median": rep[len(rep) // 2]}
+
+
 def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) -> dict:
     """Decode `steps` greedy steps; split each step's wall time into host build, launch and GPU wait."""
-    from deepinfer.engine.sequence import SeqChunk
-
-    g = runner.graphs
     tok = [5] * len(slots)
-    host = launch = wait = 0.0
     # GPU time inside the loop (events around forward + prefetch's uploads, and around argmax): tells a slow
     # replay in situ (different inputs than `replay_gpu_ms`'s) from GPU idle time between steps.
     timed = dev.type == "cuda"
     ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(steps)] if timed else []
     _sync(dev)
+    marks = _ReplayMarks() if timed else contextlib.nullcontext()
     t_all = time.perf_counter()
+    with marks:
+        host, launch, wait = _step_loop(runner, slots, n, steps, ev, tok)
+    total = time.perf_counter() - t_all
+    gpu = {}
+    if timed:
+        _sync(dev)
+        fwd = sorted(e[0].elapsed_time(e[1]) for e in ev)
+        span = sorted(e[0].elapsed_time(e[2]) for e in ev)
+        gap = sorted(ev[i][2].elapsed_time(ev[i + 1][0]) for i in range(steps - 1)) or [0.0]
+        gpu = {
+            "in_loop_forward_gpu_ms_median": fwd[len(fwd) // 2],
+            "in_loop_forward_gpu_ms_max": fwd[-1],
+            "in_loop_step_span_gpu_ms_median": span[len(span) // 2],
+            "gpu_idle_between_steps_ms_median": gap[len(gap) // 2],
+            **_split_forward(ev, marks.events),
+        }
+    # forward() rebuilds the batch itself, so host time is counted twice in `total`; subtract one copy.
+    ms = lambda v: 1e3 * v / steps  # noqa: E731
+    return {
+        "step_ms_incl_extra_build": ms(total),
+        "step_ms": ms(total - host),
+        "host_build_ms": ms(host),
+        "forward_and_prefetch_ms": ms(launch),
+        "sync_argmax_ms": ms(wait),
+        **gpu,
+    }
+
+
+def _step_loop(runner, slots: list[int], n: int, steps: int, ev: list, tok: list[int]) -> tuple[float, float, float]:
+    """The greedy decode steps of `time_steps`; returns host build, forward + prefetch and argmax wait seconds."""
+    from deepinfer.engine.sequence import SeqChunk
+
+    g, timed = runner.graphs, bool(ev)
+    host = launch = wait = 0.0
     for i in range(steps):
         chunks = [SeqChunk(s, [t], n + i, "last") for s, t in zip(slots, tok)]
         t0 = time.perf_counter()
@@ -124,29 +189,7 @@ def time_steps(runner, slots: list[int], n: int, steps: int, dev: torch.device) 
             ev[i][2].record()
         t3 = time.perf_counter()
         host, launch, wait = host + (t1 - t0), launch + (t2 - t1), wait + (t3 - t2)
-    total = time.perf_counter() - t_all
-    gpu = {}
-    if timed:
-        _sync(dev)
-        fwd = sorted(e[0].elapsed_time(e[1]) for e in ev)
-        span = sorted(e[0].elapsed_time(e[2]) for e in ev)
-        gap = sorted(ev[i][2].elapsed_time(ev[i + 1][0]) for i in range(steps - 1)) or [0.0]
-        gpu = {
-            "in_loop_forward_gpu_ms_median": fwd[len(fwd) // 2],
-            "in_loop_forward_gpu_ms_max": fwd[-1],
-            "in_loop_step_span_gpu_ms_median": span[len(span) // 2],
-            "gpu_idle_between_steps_ms_median": gap[len(gap) // 2],
-        }
-    # forward() rebuilds the batch itself, so host time is counted twice in `total`; subtract one copy.
-    ms = lambda v: 1e3 * v / steps  # noqa: E731
-    return {
-        "step_ms_incl_extra_build": ms(total),
-        "step_ms": ms(total - host),
-        "host_build_ms": ms(host),
-        "forward_and_prefetch_ms": ms(launch),
-        "sync_argmax_ms": ms(wait),
-        **gpu,
-    }
+    return host, launch, wait
 
 
 class _StubTokenizer:

@@ -31,11 +31,19 @@ _SRC = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
 # ------------------------------------------------------------------------------------------------------ CPU
 
 
-def test_pdl_wide_is_registered_but_not_default() -> None:
-    """The new merge is selectable by name, maps to the kernel's merge code 3, and is not what the default runs."""
+def test_pdl_wide_is_registered_and_default() -> None:
+    """The merge is selectable by name, maps to the kernel's merge code 3 and is the default (session 8)."""
     assert "pdl_wide" in _CU.MERGES and _CU._MERGE_CODE["pdl_wide"] == 3
-    assert _CU.DEFAULT_OPTIONS["merge"] == "pdl"
+    assert _CU.DEFAULT_OPTIONS["merge"] == "pdl_wide"
     assert _CU._MERGE_ABI["pdl_wide"] == 3
+
+
+def test_default_merge_falls_back_on_a_stale_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A _C built before ABI 3 runs the default as "pdl"; a newer one runs "pdl_wide"; a named merge is kept."""
+    monkeypatch.setattr(_CU, "_abi", lambda: 2)
+    assert _CU._resolve_merge(None) == "pdl" and _CU._resolve_merge("triton") == "triton"
+    monkeypatch.setattr(_CU, "_abi", lambda: 3)
+    assert _CU._resolve_merge(None) == "pdl_wide"
 
 
 def test_unknown_merge_is_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:

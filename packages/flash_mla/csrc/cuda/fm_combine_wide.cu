@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "fm_combine_common.cuh"
 #include "fm_combine_wide.h"
 
 namespace fm {
@@ -27,30 +28,22 @@ __global__ void __launch_bounds__(256) combine_wide_kernel(const float* __restri
                                                            __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                                                            Params p, int64_t num_tokens) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const int lane = threadIdx.x & 31;
-  const int64_t item = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (item >= num_tokens * p.H * 8) return;  // warp-uniform: the shuffles below see full warps
-  const int chunk = (int)(item & 7);
-  const int head = (int)((item >> 3) % p.H);
-  const int64_t tok = (item >> 3) / p.H;
-  const int64_t row0 = tok * p.num_splits * (int64_t)p.H + head;
+  CombineItem it;
+  if (!combine_item(p, num_tokens, it)) return;
+  const int lane = it.lane;
+  const int64_t row0 = it.row0;
   const int S = p.num_splits;
   float m = -INFINITY;
   for (int s = lane; s < S; s += 32) m = fmaxf(m, __ldcg(part_lse + row0 + (int64_t)s * p.H));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   const float m_valid = m;
-  float sink_h = 0.f, sink2 = 0.f;
-  if (p.has_sink) {
-    sink_h = sink[head];
-    sink2 = sink_h * 1.4426950408889634f;
-    m = fmaxf(m, sink2);
-  }
-  if (m == -INFINITY) m = 0.f;
+  float sink_h, sink2;
+  m = fold_sink(p, sink, it.head, m, sink_h, sink2);
   float l_f = 0.f;
   float2 a = make_float2(0.f, 0.f);
   const int64_t step = (int64_t)p.H * (kD / 2);  // one split further, in float2
-  const float2* src = reinterpret_cast<const float2*>(part_o + row0 * kD + chunk * 64 + 2 * lane);
+  const float2* src = reinterpret_cast<const float2*>(part_o + row0 * kD + it.chunk * 64 + 2 * lane);
   for (int s0 = 0; s0 < S; s0 += 32, src += 32 * step) {
     const int n = min(32, S - s0);
     const float w_l = lane < n ? exp2f(__ldcg(part_lse + row0 + (int64_t)(s0 + lane) * p.H) - m) : 0.f;
@@ -71,16 +64,7 @@ __global__ void __launch_bounds__(256) combine_wide_kernel(const float* __restri
       }
     }
   }
-  if (p.has_sink) l_f += exp2f(sink2 - m);
-  const bool has = l_f > 0.f;
-  const float so = has ? 1.f / l_f : 0.f;
-  *reinterpret_cast<__nv_bfloat162*>(out + tok * p.stride_ot + (int64_t)head * p.stride_oh + chunk * 64 + 2 * lane) =
-      __floats2bfloat162_rn(a.x * so, a.y * so);
-  if (chunk == 0 && lane == 0) {
-    float lv = has ? (m + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
-    if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
-    lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
-  }
+  combine_store(p, it, a, l_f, m, m_valid, sink_h, sink2, out, lse);
 }
 
 int launch_combine_wide(const LaunchArgs& a, cudaLaunchConfig_t* cfg) {

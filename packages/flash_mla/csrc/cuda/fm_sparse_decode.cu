@@ -44,6 +44,7 @@
 
 #include "fm_wgmma.cuh"
 #include "fm_sparse_decode.h"
+#include "fm_combine_common.cuh"
 #include "fm_combine_wide.h"
 
 namespace fm {
@@ -227,13 +228,8 @@ __device__ __forceinline__ void merge_last(float (&acc)[128], const float (&m_ru
     float mx = -INFINITY;
     for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, s == split ? own : __ldcg(part_lse + row0 + s * p.H));
     const float m_valid = mx;
-    float sink_h = 0.f, sink2 = 0.f;
-    if (p.has_sink) {
-      sink_h = sink[head];
-      sink2 = sink_h * 1.4426950408889634f;
-      mx = fmaxf(mx, sink2);
-    }
-    if (mx == -INFINITY) mx = 0.f;
+    float sink_h, sink2;
+    mx = fold_sink(p, sink, head, mx, sink_h, sink2);
     const float w_own = exp2f(own - mx);
     const float s_own = l_tot[h] > 0.f ? w_own * (1.f / l_tot[h]) : 0.f;
 #pragma unroll
@@ -521,27 +517,18 @@ __global__ void __launch_bounds__(256) combine_kernel(const float* __restrict__ 
                                                       const float* __restrict__ sink, __nv_bfloat16* __restrict__ out,
                                                       float* __restrict__ lse, Params p, int64_t num_tokens) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const int lane = threadIdx.x & 31;
-  const int64_t item = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (item >= num_tokens * p.H * 8) return;
-  const int chunk = (int)(item & 7);
-  const int head = (int)((item >> 3) % p.H);
-  const int64_t tok = (item >> 3) / p.H;
-  const int64_t row0 = tok * p.num_splits * (int64_t)p.H + head;
+  CombineItem it;
+  if (!combine_item(p, num_tokens, it)) return;
+  const int64_t row0 = it.row0;
   const int S = p.num_splits;
   float m = -INFINITY;
   for (int s = 0; s < S; ++s) m = fmaxf(m, __ldcg(part_lse + row0 + (int64_t)s * p.H));
   const float m_valid = m;
-  float sink_h = 0.f, sink2 = 0.f;
-  if (p.has_sink) {
-    sink_h = sink[head];
-    sink2 = sink_h * 1.4426950408889634f;
-    m = fmaxf(m, sink2);
-  }
-  if (m == -INFINITY) m = 0.f;
+  float sink_h, sink2;
+  m = fold_sink(p, sink, it.head, m, sink_h, sink2);
   float l_f = 0.f;
   float2 a = make_float2(0.f, 0.f);
-  const float* src = part_o + row0 * kD + chunk * 64 + 2 * lane;
+  const float* src = part_o + row0 * kD + it.chunk * 64 + 2 * it.lane;
 #pragma unroll 4
   for (int s = 0; s < S; ++s) {
     const float w = exp2f(__ldcg(part_lse + row0 + (int64_t)s * p.H) - m);
@@ -550,16 +537,7 @@ __global__ void __launch_bounds__(256) combine_kernel(const float* __restrict__ 
     a.x += w * v.x;
     a.y += w * v.y;
   }
-  if (p.has_sink) l_f += exp2f(sink2 - m);
-  const bool has = l_f > 0.f;
-  const float so = has ? 1.f / l_f : 0.f;
-  *reinterpret_cast<__nv_bfloat162*>(out + tok * p.stride_ot + (int64_t)head * p.stride_oh + chunk * 64 + 2 * lane) =
-      __floats2bfloat162_rn(a.x * so, a.y * so);
-  if (chunk == 0 && lane == 0) {
-    float lv = has ? (m + log2f(l_f)) * 0.6931471805599453f : -INFINITY;
-    if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
-    lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = lv;
-  }
+  combine_store(p, it, a, l_f, m, m_valid, sink_h, sink2, out, lse);
 }
 
 static int launch_combine(const LaunchArgs& a, cudaStream_t stream) {

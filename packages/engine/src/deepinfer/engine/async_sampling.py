@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .sampler import _check_inputs, _sample_row_tensor, row_seed
+from .sampler import _check_inputs, sample_tensor
 from .sampling_params import SamplingParams
 
 ENV = "DEEPINFER_ASYNC_SAMPLING"
@@ -52,9 +52,8 @@ def sample_on_device(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sampler.sample` without host reads: (token ids int64 [B], NaN flag bool []) on logits' device.
 
-    logits: float32 [B, V]. Greedy rows take the row's argmax (exact, so one argmax over all rows gives what the
-    sync path's argmax over the greedy rows gives); other rows run `_sample_row_tensor`, the sync path's own
-    per-row code, so every token is identical bit for bit. No row may ask for logprobs.
+    logits: float32 [B, V]. The sync path's own `sampler.sample_tensor` (the same tokens bit for bit), without
+    reading them; the NaN check is returned as a flag instead of raised. No row may ask for logprobs.
     """
     if not device_sampling_ok(params):
         raise ValueError("sample_on_device: rows asking for logprobs must use sampler.sample")
@@ -62,15 +61,7 @@ def sample_on_device(
         _check_inputs(logits, params, seeds, steps)  # raises the usual TypeError
     if not (len(params) == len(seeds) == len(steps) == logits.shape[0]) or any(s < 0 for s in steps):
         _check_inputs(logits, params, seeds, steps)  # raises the usual ValueError
-    nan = torch.isnan(logits).any()
-    best = torch.argmax(logits, dim=-1)
-    if all(p.greedy for p in params):
-        return best, nan
-    rows = [
-        best[i] if p.greedy else _sample_row_tensor(logits[i], p, row_seed(seeds[i], steps[i]))
-        for i, p in enumerate(params)
-    ]
-    return torch.stack(rows), nan
+    return sample_tensor(logits, params, seeds, steps), torch.isnan(logits).any()
 
 
 class PendingTokens:

@@ -1,10 +1,13 @@
 """Seeded, batch-invariant token sampling and logprobs.
 
 A request's token depends only on its own logits row, its seed and its step (the number of tokens it has
-generated so far), never on the other rows: every non-greedy row draws its noise from its own
-`torch.Generator` seeded with `row_seed(seed, step)`, and all arithmetic that rounds (softmax, cumsum) runs on
-that row alone, so the kernels see the same shapes whatever the batch. Greedy rows share one argmax over the
-batch, which does no rounding.
+generated so far), never on the other rows: every non-greedy row's noise is a counter-based hash of
+(`row_seed(seed, step)`, token id) (`sample_noise.py`; the same bits on every device and in every batch), the
+sampled rows are filtered together with exact operations only (per-row temperature division, top-k threshold,
+min-p max and comparison: elementwise or order-free, so a row's result does not depend on the others), and the
+one filter whose arithmetic rounds in a shape-dependent way (top-p: softmax, cumsum) runs on each row alone.
+Greedy rows share one argmax over the batch, which does no rounding. The whole batch takes a fixed number of
+launches (plus one top-p pass per top-p row), where session 7 launched ~8 kernels and a generator per row.
 
 Sampling is exact: with s = logits / temperature (after filtering), the token is argmax(s - log E) with
 E ~ Exp(1) i.i.d. per token (the exponential race argmax(p / E), written in log space so no softmax is needed).
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .sample_noise import exponential_noise
 from .sampling_params import SamplingParams
 
 _SEED_MULT = 1_000_003
@@ -50,7 +54,7 @@ class SamplerOutput:
 
 
 def row_seed(seed: int, step: int) -> int:
-    """The generator seed of a request's `step`-th token: (seed * 1_000_003 + step) mod 2**64."""
+    """The noise seed of a request's `step`-th token (`sample_noise`): (seed * 1_000_003 + step) mod 2**64."""
     return (seed * _SEED_MULT + step) % _U64
 
 
@@ -70,19 +74,60 @@ def sample(
         logprob and rank plus the top-`params.logprobs` tokens.
     """
     _check_inputs(logits, params, seeds, steps)
-    tokens = [0] * len(params)
-    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
-    if greedy_rows:
-        picked = torch.argmax(logits[greedy_rows], dim=-1).tolist()
-        for i, tok in zip(greedy_rows, picked):
-            tokens[i] = tok
-    for i, p in enumerate(params):
-        if not p.greedy:
-            tokens[i] = _sample_row(logits[i], p, row_seed(seeds[i], steps[i]))
+    tokens = sample_tensor(logits, params, seeds, steps).tolist()
     logprobs = [
         None if p.logprobs is None else token_logprobs(logits[i], tokens[i], p.logprobs) for i, p in enumerate(params)
     ]
     return SamplerOutput(tokens, logprobs)
+
+
+def sample_tensor(
+    logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
+) -> torch.Tensor:
+    """`sample`'s token ids without reading them: int64 [B] on logits' device (no host sync on CUDA).
+
+    logits: float32 [B, V] (inputs checked by the caller). Greedy rows: the row's argmax. Sampled rows: argmax of
+    s - log E, s the filtered scores (temperature, top-k, top-p, min-p in that order), E the row's noise.
+    """
+    if logits.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=logits.device)
+    best = torch.argmax(logits, dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return best
+    dev, vocab = logits.device, logits.shape[1]
+    sub = [params[i] for i in rows]
+    index = torch.tensor(rows, dtype=torch.int64, device=dev)
+    scores = logits.index_select(0, index) / _column([p.temperature for p in sub], dev)
+    scores = _top_k(scores, [p.top_k if 0 < p.top_k < vocab else 0 for p in sub])
+    for j, p in enumerate(sub):
+        if p.top_p < 1.0:  # rounds (softmax, cumsum): on this row alone, so its shapes never depend on the batch
+            scores[j] = _apply_top_p(scores[j], p.top_p)
+    if any(p.min_p > 0.0 for p in sub):
+        # p_i >= min_p * p_max  <=>  s_i >= s_max + log(min_p): no normalisation needed.
+        logs = _column([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in sub], dev)
+        scores = scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True) + logs, -math.inf)
+    noise = exponential_noise([row_seed(seeds[i], steps[i]) for i in rows], vocab, dev)
+    # Clamp so a masked token stays at -inf (-inf - log(0) would be NaN, which argmax would pick).
+    race = scores.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log()
+    return best.index_copy(0, index, torch.argmax(race, dim=-1))
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    """float32 [len(values), 1] on device: one per-row operand of the batched filters."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+
+def _top_k(scores: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Mask (to -inf) every score below its row's ks[j]-th largest (ks[j] = 0: no filter). Exact: topk selects."""
+    k_max = max(ks)
+    if k_max == 0:
+        return scores
+    top = torch.topk(scores, k_max, dim=-1).values  # [B, k_max], each row descending
+    k = torch.tensor(ks, dtype=torch.int64, device=scores.device)[:, None]
+    kth = top.gather(1, (k - 1).clamp_min(0))
+    kth = torch.where(k > 0, kth, torch.full_like(kth, -math.inf))
+    return scores.masked_fill(scores < kth, -math.inf)
 
 
 def _check_inputs(
@@ -101,31 +146,6 @@ def _check_inputs(
         raise ValueError(f"steps must be >= 0, got {list(steps)}")
     if bool(torch.isnan(logits).any()):
         raise ValueError("logits contain NaN; the model produced invalid scores")
-
-
-def _sample_row(row: torch.Tensor, p: SamplingParams, seed: int) -> int:
-    """Sample from one fp32 [V] logits row with the filters of `p`; noise from a generator seeded with `seed`."""
-    return int(_sample_row_tensor(row, p, seed))
-
-
-def _sample_row_tensor(row: torch.Tensor, p: SamplingParams, seed: int) -> torch.Tensor:
-    """`_sample_row` without reading the result: a 0-d int64 tensor on row's device (no host sync on CUDA)."""
-    scores = row / p.temperature
-    vocab = scores.shape[0]
-    if 0 < p.top_k < vocab:
-        kth = torch.topk(scores, p.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, -math.inf)
-    if p.top_p < 1.0:
-        scores = _apply_top_p(scores, p.top_p)
-    if p.min_p > 0.0:
-        # p_i >= min_p * p_max  <=>  s_i >= s_max + log(min_p): no normalisation needed.
-        scores = scores.masked_fill(scores < scores.max() + math.log(p.min_p), -math.inf)
-    gen = torch.Generator(device=row.device)
-    gen.manual_seed(seed)
-    noise = torch.empty(vocab, dtype=torch.float64, device=row.device).exponential_(generator=gen)
-    # Clamp so a masked token stays at -inf (-inf - log(0) would be NaN, which argmax would pick).
-    race = scores.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log()
-    return torch.argmax(race)
 
 
 def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from deepinfer import tile_kernels as tk
 
-from .deterministic import combine_rows, deterministic_enabled
+from .deterministic import combine_weighted, deterministic_enabled
 
 
 def grouped_available(x: torch.Tensor) -> bool:
@@ -51,16 +51,19 @@ class GroupedExperts:
         h = torch._grouped_mm(xs, self.w13.transpose(-2, -1), offs=offs)
         a = tk.swiglu_clamp(h[:, : self.inter], h[:, self.inter :], self.limit)
         y = torch._grouped_mm(a.contiguous(), self.w2.transpose(-2, -1), offs=offs)
-        return _combine(x, tok, y.float() * w[:, None])
+        return _combine(x, tok, y, w)
 
 
-def _combine(x: torch.Tensor, tok: torch.Tensor, yw: torch.Tensor) -> torch.Tensor:
-    """Sum each token's k weighted expert rows: fp32 [T, H]. yw: [P, H] fp32, tok: [P] (each token k times).
+def _combine(x: torch.Tensor, tok: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Sum each token's k weighted expert rows: fp32 [T, H]. y: [P, H] expert outputs, w: [P] fp32 routing
+    weights, tok: [P] (each token k times).
 
-    DEEPINFER_DETERMINISTIC on (default): fixed-order sum (`combine_rows`), the same bits every run. Off: the
-    atomic index_add_ (summation order, and so the low bits, vary run to run on CUDA)."""
+    DEEPINFER_DETERMINISTIC on (default): fixed-order sum (`combine_weighted`: one sort + one moe_unpermute
+    launch), the same bits every run. Off: the atomic index_add_ of the fp32 products (summation order, and so the
+    low bits, vary run to run on CUDA)."""
     if deterministic_enabled():
-        return combine_rows(x.shape[0], tok, yw)
+        return combine_weighted(x.shape[0], tok, y, w)
+    yw = y.float() * w[:, None]
     return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, tok, yw)
 
 
@@ -104,4 +107,4 @@ class GroupedExpertsFP4:
         h = self.gemm(x[tok].contiguous(), (self.w13, self.s13), offs)
         a = tk.swiglu_clamp(h[:, : self.inter], h[:, self.inter :], self.limit)
         y = self.gemm(a.contiguous(), (self.w2, self.s2), offs)
-        return _combine(x, tok, y.float() * w[:, None])
+        return _combine(x, tok, y, w)

@@ -55,7 +55,9 @@ FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] 
 # (bench rows cuda[_fp8]_<plan>_<merge> against cuda[_fp8] at decode b = 1 / 2 and HCA b = 1: fine + pdl fastest
 # there, last_cta 2-8x slower; cuda_prefetch 1.00-1.02x at prefill, so off). README "Small-batch plans and merges"
 # also notes the PDL merge looked slower than the Triton one at b = 32 (across two runs, not yet measured in one).
-DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl", "prefetch": False}
+# Session 8: merge "pdl_wide" (bit-equal to "pdl", 1.04-1.10x at b 1-4 in session 7); a _C older than its ABI falls
+# back to "pdl" (`_resolve_merge`).
+DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl_wide", "prefetch": False}
 
 
 @functools.cache
@@ -64,6 +66,20 @@ def _module() -> types.ModuleType | None:
     mod = compiled_module()
     ok = mod is not None and hasattr(mod, "sparse_decode") and getattr(mod, "SPARSE_DECODE_ABI", 1) >= _ABI
     return mod if ok else None
+
+
+def _abi() -> int:
+    """SPARSE_DECODE_ABI of the loaded `_C` (2 when absent: the checks that use it run only with a module)."""
+    return int(getattr(_module(), "SPARSE_DECODE_ABI", 2))
+
+
+def _resolve_merge(merge: str | None) -> str:
+    """The merge a call runs: `merge` as given, else DEFAULT_OPTIONS["merge"], or "pdl" when that default needs a
+    newer `_C` than the loaded one (a stale build keeps working, on the older merge)."""
+    if merge is not None:
+        return merge
+    default = str(DEFAULT_OPTIONS["merge"])
+    return default if _abi() >= _MERGE_ABI.get(default, _ABI) else "pdl"
 
 
 def available() -> bool:
@@ -180,11 +196,11 @@ def sparse_attn_cuda(
     if (extra_kv is None) != (extra_indices is None):
         raise ValueError("extra_kv and extra_indices must be given together")
     plan = str(DEFAULT_OPTIONS["plan"]) if plan is None else plan
-    merge = str(DEFAULT_OPTIONS["merge"]) if merge is None else merge
+    merge = _resolve_merge(merge)
     prefetch = DEFAULT_OPTIONS["prefetch"] if prefetch is None else prefetch
     if merge not in MERGES:
         raise ValueError(f"merge: expected one of {MERGES}, got {merge!r}")
-    abi = getattr(_module(), "SPARSE_DECODE_ABI", 2)
+    abi = _abi()
     if abi < _MERGE_ABI.get(merge, _ABI):
         raise ValueError(f"merge={merge!r} needs SPARSE_DECODE_ABI >= {_MERGE_ABI[merge]}, got {abi}: rebuild _C")
     t, h, d = q.shape
@@ -277,9 +293,8 @@ def self_check(seed: int = 0, device: str = "cuda") -> str:
     ex2 = torch.where(ex_ok, torch.argsort(perm).to(torch.int32)[ex.clamp(0, n - 1).long()], ex)
     sink = torch.randn(BLOCK_H, generator=g).to(device)
     cases = [(None, False, None, 0), (1, False, None, 1), (10, False, "last_cta", 0), (1, True, None, 2)]
-    # the merges the default may pick; a new one (pdl_wide) is checked by its tests, so a bug in it cannot turn the
-    # default kernel off through this probe
-    cases += [(None, True, m, 0) for m in MERGES if m not in _MERGE_ABI]
+    # every merge the loaded _C supports (the default may pick any of them)
+    cases += [(None, True, m, 0) for m in MERGES if _abi() >= _MERGE_ABI.get(m, _ABI)]
     fails = []
     for fp8 in (False, True):
         kv = pack_fp8_kv_ref(cache) if fp8 else cache.clone()
