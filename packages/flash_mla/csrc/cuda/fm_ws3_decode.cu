@@ -104,27 +104,6 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     (the low e4m3 pair of each word) by dequant8c's path, the other half by dequant8's, so the conversion pipe
 //     (F2F) and the fp32 pipe share the work. Same bits as without it.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptCvt = 16, kOptCvtHalf = 32;
-//   kOptDq8 / kOptDq16 / kOptDq24 (session 8; built in fm_ws3s_decode.cu only, with kOptOneScorer: opt 72 / 136 / 264 =
-//     "ws3p1s8" / "ws3p1s16" / "ws3p1s24"): the dequant of the LAST R = 8 / 16 / 24 rows of each FP8 tile moves from the
-//     producer warpgroup to consumer warpgroup 1, which in ws3p1 idles while warpgroup 0 scores the tile and runs the
-//     softmax. During tile g warpgroup 1 loads its R rows of tile g + 1 (row ids published by the producer in
-//     Smem::xrow before its full arrival of tile g), waits for that stage's release (tile g - 1's P V by both
-//     consumers: the same empty barrier the producer waits on), dequantises them with dequant8 into the stage and
-//     arrives on its full barrier (init count 128 producers + 128 warpgroup-1 threads); the producer does the other
-//     64 - R rows. Tile 0 of the CTA's stream: warpgroup 1 before its item loop (row ids from the index list).
-//     Same stage bytes as ws3p1 (same dequant8, same layout): results bit-identical to ws3p1.
-//   kOptDqEarly (session 8, with kOptDq16 / kOptDq24: opt 648 / 776 = "ws3p1s16e" / "ws3p1s24e"): warpgroup 1 copies
-//     the RAW bytes of its rows of tile g + 2 into a staging buffer (Smem::xraw, cp.async 8-byte units) right after
-//     P_g V_g (row ids from its own cursor over the index lists, loaded a tile ahead: no Smem::xrow), so the load
-//     latency hides behind the wait for tile g + 1 and warpgroup 0's scores; during tile g + 1 it dequantises them
-//     from shared memory into the stage (no batch held in registers across tiles: that spills). Same bits.
-//   Both kOptDq forms run warpgroup-specialised consumer code (consumer_p1's WGC: each warpgroup its own copy of the
-//   item loop), so warpgroup 1's batch is not live in warpgroup 0's code and vice versa.
-constexpr int kOptDq8 = 64, kOptDq16 = 128, kOptDq24 = 256, kOptDqEarly = 512;
-// Rows of each FP8 tile that consumer warpgroup 1 dequantises under option set OPT (0: none, the producer does all 64).
-__host__ __device__ constexpr int dq_rows(int opt) {
-  return (opt & kOptDq8) != 0 ? 8 : (opt & kOptDq16) != 0 ? 16 : (opt & kOptDq24) != 0 ? 24 : 0;
-}
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -169,18 +148,8 @@ struct Smem {
   // one word per producer row warp (rows 0..31, 32..63)
   static constexpr int any = total;
   static constexpr int total_extra = any + kStages * 2 * 4;
-  // kOptDq* only (ws3p, past the EXTRA words, which it does not use): int [3][64] row ids of the tile whose last rows
-  // warpgroup 1 dequantises (slots 0, 1: tile g + 1 by parity, written by the producer; slot 2: the CTA's first tile,
-  // written by warpgroup 1 itself), then int [2] "tile g + 1 exists" flags (by parity, producer thread 0).
-  static constexpr int xrow = total_extra;
-  static constexpr int xflag = xrow + 3 * kBN * 4;
-  static constexpr int total_dq = xflag + 4 * 4;
-  // kOptDqEarly: raw FP8 rows [24 max][584] of warpgroup 1's share of the next tile (cp.async staging)
-  static constexpr int xraw = total_dq;
-  static constexpr int total_dqe = xraw + 24 * kFp8Row;
 };
 static_assert(Smem::total_extra + 1024 <= 232448, "shared memory over the sm_90 opt-in limit");
-static_assert(Smem::total_dqe + 1024 <= 232448, "shared memory over the sm_90 opt-in limit (kOptDq*)");
 
 // ------------------------------------------------------------------------------------------------ PTX helpers
 
@@ -230,22 +199,14 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// FM_WS3_WATCHDOG (set by fm_ws3s_decode.cu for its new barrier protocol): a wait that has polled 2^22 times (a real
-// wait here is microseconds, far fewer polls) traps, so a protocol bug fails the launch instead of hanging the GPU job.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-#ifdef FM_WS3_WATCHDOG
-  uint32_t polls = 0;
-#endif
   while (!done) {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-#ifdef FM_WS3_WATCHDOG
-    if (!done && ++polls == (1u << 22)) __trap();
-#endif
   }
 }
 // Non-blocking: whether the phase with this parity has completed (acquire, as mbar_wait).
@@ -484,95 +445,6 @@ __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const 
   fp8_store<kFp8Batch, CVT>(stage, v, r0, lane);
   fp8_load(v, rows, kv, r0 + kFp8Batch, lane);
   fp8_store<kFp8Batch, CVT>(stage, v, r0 + kFp8Batch, lane);
-}
-
-// kOptDq* producer: the first 64 - R rows of an FP8 tile (warp W: rows 2 B W .. 2 B W + 2 B - 1, 2 batches of B =
-// (64 - R) / 8 rows, the rest as fp8_tile); the last R rows are consumer warpgroup 1's (wg1_dequant).
-template <int R>
-__device__ __forceinline__ void fp8_tile_dq(uint8_t* stage, const int* rows, const Src<false>& kv, bool wait,
-                                            uint32_t bar, uint32_t parity, int* s_rows_st, int cur, int t) {
-  constexpr int B = (kBN - R) / 8;
-  static_assert(B * 8 == kBN - R && B > 0, "kOptDq: R must leave a multiple of 8 rows to the 4 producer warps");
-  uint32_t tx;  // opaque warp / lane (as fp8_tile: keeps the per-row offsets out of registers across tiles)
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
-  const int r0 = 2 * B * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
-  uint2 v[B][3];
-  fp8_load<false, B>(v, rows, kv, r0, lane);
-  if (wait) mbar_wait(bar, parity);
-  if (t < kBN) s_rows_st[t] = cur;
-  fp8_store<B, 0>(stage, v, r0, lane);
-  fp8_load<false, B>(v, rows, kv, r0 + B, lane);
-  fp8_store<B, 0>(stage, v, r0 + B, lane);
-}
-
-// kOptDqEarly: B rows of one warp into registers, fp8_load's pattern; the row ids come from lanes 0 .. B - 1 (id: this
-// lane's, -1 a hole or past the stream) instead of a shared-memory table.
-template <int B>
-__device__ __forceinline__ void fp8_load_ids(uint2 (&v)[B][3], int id, const uint8_t* kv, int lane) {
-#pragma unroll
-  for (int i = 0; i < B; ++i) {
-    const int row = __shfl_sync(0xffffffffu, id, i);
-    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + 8 * lane;
-    const uint2 z = make_uint2(0u, 0u);
-    v[i][0] = row >= 0 ? ldg_u2(src) : z;
-    v[i][1] = row >= 0 ? ldg_u2(src + 256) : z;
-    v[i][2] = row >= 0 && lane < 9 ? ldg_u2(src + 512) : z;
-  }
-}
-
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
-}
-
-// kOptDqEarly: the raw 584-byte rows of B rows of one warp (ids from lanes 0 .. B - 1) into raw (B x 584 bytes) by
-// 8-byte cp.async in fp8_load's lane pattern (a hole: zero-filled, scale word 0 -> dequantises to 0). Committed.
-template <int B>
-__device__ __forceinline__ void fp8_stage_raw(uint8_t* raw, int id, const uint8_t* kv, int lane) {
-  const uint32_t dst0 = smem_u32(raw) + 8 * lane;
-#pragma unroll
-  for (int i = 0; i < B; ++i) {
-    const int row = __shfl_sync(0xffffffffu, id, i);
-    const uint8_t* src = kv + (int64_t)(row < 0 ? 0 : row) * kFp8Row + 8 * lane;
-    const uint32_t dst = dst0 + i * kFp8Row;
-    cp_async8(dst, src, row >= 0);
-    cp_async8(dst + 256, src + 256, row >= 0);
-    if (lane < 9) cp_async8(dst + 512, src + 512, row >= 0);
-  }
-  cp_commit();
-}
-
-// kOptDqEarly: the B raw rows staged by fp8_stage_raw (this warp's own copies: waited for, then __syncwarp for the
-// scale word lane 8 copied) dequantised into rows r0 .. r0 + B - 1 of the stage, one row at a time (6 registers).
-template <int B>
-__device__ __forceinline__ void fp8_store_raw(uint8_t* stage, const uint8_t* raw, int r0, int lane) {
-  cp_wait_all();
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < B; ++i) {
-    const uint8_t* src = raw + i * kFp8Row + 8 * lane;
-    uint2 v[1][3];
-    v[0][0] = *reinterpret_cast<const uint2*>(src);
-    v[0][1] = *reinterpret_cast<const uint2*>(src + 256);
-    v[0][2] = lane < 9 ? *reinterpret_cast<const uint2*>(src + 512) : make_uint2(0u, 0u);
-    fp8_store<1, 0>(stage, v, r0 + i, lane);
-  }
-}
-
-// kOptDq*: consumer warpgroup 1 (thread t = 0..127) dequantises rows 64 - R .. 63 of a tile (row ids rows[0..63], -1
-// a hole) into stage: warp W rows 64 - R + W R / 4 .. (R / 4 rows, loads all in flight), stored once the stage is
-// free (wait: the phase of bar with this parity), then fenced for the async proxy; the caller arrives on full.
-template <int R>
-__device__ __forceinline__ void wg1_dequant(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait,
-                                            uint32_t bar, uint32_t parity, int t) {
-  constexpr int B = R / 4;
-  static_assert(B * 4 == R, "kOptDq: R rows over 4 warps");
-  const int r0 = kBN - R + B * (t >> 5), lane = t & 31;
-  const Src<false> src{kv, kFp8Row, nullptr, 0, 0};
-  uint2 v[B][3];
-  fp8_load<false, B>(v, rows, src, r0, lane);
-  if (wait) mbar_wait(bar, parity);
-  fp8_store<B, 0>(stage, v, r0, lane);
-  fence_async_smem();  // generic stores -> the consumers' wgmma (async proxy), before the full arrival
 }
 
 // EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
@@ -1131,18 +1003,8 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
     uint8_t* stage = smem + Smem::ring + s * kStageBytes;
     if constexpr (FP8) {
       constexpr int kCvt = (OPT & kOptCvt) != 0 ? 1 : (OPT & kOptCvtHalf) != 0 ? 2 : 0;
-      if constexpr (dq_rows(OPT) > 0) {
-        fp8_tile_dq<dq_rows(OPT)>(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
-        // warpgroup 1's share of tile g + 1: its row ids and whether it exists, published by this full arrival (the
-        // slot's last reader, warpgroup 1 at tile g - 2, is done: the stage wait above saw tile g - 2's release)
-        if constexpr ((OPT & kOptDqEarly) == 0) {
-          if (t < kBN) reinterpret_cast<int*>(smem + Smem::xrow)[((g + 1) & 1) * kBN + t] = nxt;
-          if (t == 0) reinterpret_cast<int*>(smem + Smem::xflag)[(g + 1) & 1] = b.w < items ? 1 : 0;
-        }
-      } else {
-        fp8_tile<false, (OPT & kOptWideFp8) != 0, kCvt>(stage, rows, kv, wait, bar_empty + 8 * s, parity,
-                                                        s_rows + s * kBN, cur, t);
-      }
+      fp8_tile<false, (OPT & kOptWideFp8) != 0, kCvt>(stage, rows, kv, wait, bar_empty + 8 * s, parity,
+                                                      s_rows + s * kBN, cur, t);
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {
@@ -1262,17 +1124,11 @@ __device__ __forceinline__ void lazy_rescale(float* acc, const float* alpha) {
 }
 
 // (No kOptEarlyS form: warpgroup 0 holding 32 score registers while its P @ V runs spills at 208 registers.)
-// DQR > 0 (kOptDq*, FP8): warpgroup 1 also dequantises the last DQR rows of the next tile while warpgroup 0 scores
-// this one (wg1_dequant; kv = the FP8 cache rows, idx = the index lists, for the CTA's first tile).
-// EARLY: kOptDqEarly. WGC: -1 the warpgroup from tid at run time (ws3p1's shared code), 0 / 1 this copy runs only in
-// that warpgroup (the kOptDq builds: consumer_p1_dq).
-template <bool LAZY, int DQR = 0, bool EARLY = false, int WGC = -1>
+template <bool LAZY>
 __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
                                             float* lse, float* part_o, float* part_lse, const Params& p, int64_t items,
-                                            int tid, uint32_t bar_full, uint32_t bar_empty, const uint8_t* kv = nullptr,
-                                            const int* idx = nullptr) {
-  static_assert(DQR == 0 || WGC >= 0, "kOptDq: warpgroup-specialised copies only");
-  const int wg = WGC >= 0 ? WGC : tid >> 7, lane = tid & 31;
+                                            int tid, uint32_t bar_full, uint32_t bar_empty) {
+  const int wg = tid >> 7, lane = tid & 31;
   const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
   const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
   const int n_tiles = (p.topk + kBN - 1) / kBN;
@@ -1281,41 +1137,6 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
   float s[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
-  // kOptDqEarly (warpgroup 1): cw = the tile whose row ids nid holds (lanes 0 .. kB - 1: rows r1 + lane); while
-  // have_next, this warp's raw rows of tile g + 1 are staged (or in flight) at raw
-  constexpr int kB = DQR > 0 ? DQR / 4 : 1;
-  const int r1 = kBN - DQR + kB * ((tid & 127) >> 5);
-  uint8_t* raw = smem + Smem::xraw + (r1 - (kBN - DQR)) * kFp8Row;  // this warp's staged rows (kOptDqEarly)
-  Cursor cw{};
-  int nid = -1;
-  bool have_next = false;
-  if constexpr (DQR > 0 && EARLY && WGC == 1) {  // tile 0 stored now (stage 0 is free), tile 1 staged, ids of tile 2
-    cw = cursor_first(p, n_tiles, items);
-    if (cw.w < items) {
-      uint2 v[kB][3];
-      fp8_load_ids<kB>(v, lane < kB ? cursor_row(cw, idx, p, items, r1 + lane) : -1, kv, lane);
-      fp8_store<kB, 0>(smem + Smem::ring, v, r1, lane);
-      fence_async_smem();
-      mbar_arrive(bar_full);
-    }
-    cursor_next(cw, p, n_tiles, items);
-    have_next = cw.w < items;
-    if (have_next) fp8_stage_raw<kB>(raw, lane < kB ? cursor_row(cw, idx, p, items, r1 + lane) : -1, kv, lane);
-    cursor_next(cw, p, n_tiles, items);
-    nid = lane < kB ? cursor_row(cw, idx, p, items, r1 + lane) : -1;
-  }
-  if constexpr (DQR > 0 && !EARLY) {  // warpgroup 1's rows of the CTA's first tile (stage 0 is free: nothing ran yet)
-    if (wg == 1) {
-      const Cursor c0 = cursor_first(p, n_tiles, items);
-      if (c0.w < items) {
-        int* x2 = reinterpret_cast<int*>(smem + Smem::xrow) + 2 * kBN;
-        if (tid - 128 < kBN) x2[tid - 128] = cursor_row(c0, idx, p, items, tid - 128);
-        named_bar(kBarWg0 + 1, 128);  // the row ids visible to warpgroup 1
-        wg1_dequant<DQR>(smem + Smem::ring, x2, kv, false, 0, 0, tid - 128);
-        mbar_arrive(bar_full);
-      }
-    }
-  }
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const Item it = item_of(w, p, n_tiles);
     const int64_t wn = w + gridDim.x;
@@ -1337,47 +1158,19 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
       uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
       float alpha[2];
       mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
-      auto score_softmax = [&](float(&sc)[32]) {  // warpgroup 0: S_g, softmax_g, O *= alpha_g, publish P_g
+      if (wg == 0) {
         fence_async_smem();
-        reg_fence<32>(sc);
+        reg_fence<32>(s);
         wg_arrive();
-        issue_scores64(sc, q_base, kv_base);
+        issue_scores64(s, q_base, kv_base);
         wg_commit();
         wg_wait<0>();
-        reg_fence<32>(sc);
-        softmax_tile64(sc, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
+        reg_fence<32>(s);
+        softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
         lazy_rescale<LAZY>(acc, alpha);
         fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
         named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
-      };
-      if (wg == 0) {
-        if constexpr (DQR > 0) {  // scores local to the tile: not live across warpgroup 1's dequant (it spills)
-          float sl[32];
-#pragma unroll
-          for (int k = 0; k < 32; ++k) sl[k] = 0.f;
-          score_softmax(sl);
-        } else {
-          score_softmax(s);
-        }
       } else {
-        if constexpr (DQR > 0 && EARLY) {  // while warpgroup 0 scores tile g: store tile g + 1's rows (loaded at g - 1)
-          if (have_next) {
-            const uint32_t gn = g + 1, sn = gn % kStages;
-            if (gn >= kStages) mbar_wait(bar_empty + 8 * sn, ((gn / kStages) - 1) & 1);  // tile g - 1's release
-            fp8_store_raw<kB>(smem + Smem::ring + sn * kStageBytes, raw, r1, lane);
-            fence_async_smem();
-            mbar_arrive(bar_full + 8 * sn);
-          }
-        }
-        if constexpr (DQR > 0 && !EARLY) {  // while warpgroup 0 scores tile g: the last DQR rows of tile g + 1 (if any)
-          const int nb = (int)((g + 1) & 1);
-          if (reinterpret_cast<const int*>(smem + Smem::xflag)[nb] != 0) {  // published with tile g's full barrier
-            const uint32_t gn = g + 1, sn = gn % kStages;
-            wg1_dequant<DQR>(smem + Smem::ring + sn * kStageBytes, reinterpret_cast<const int*>(smem + Smem::xrow) +
-                             nb * kBN, kv, gn >= kStages, bar_empty + 8 * sn, ((gn / kStages) - 1) & 1, tid - 128);
-            mbar_arrive(bar_full + 8 * sn);
-          }
-        }
         named_bar(kBarConsumers, kConsumers);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1397,30 +1190,9 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
       wg_wait<0>();
       reg_fence<128>(acc);
       mbar_arrive(bar_empty + 8 * st);
-      if constexpr (DQR > 0 && EARLY && WGC == 1) {  // tile g + 2's raw rows into the staging buffer, tile g + 3's ids
-        have_next = cw.w < items;
-        if (have_next) fp8_stage_raw<kB>(raw, nid, kv, lane);
-        cursor_next(cw, p, n_tiles, items);
-        nid = lane < kB ? cursor_row(cw, idx, p, items, r1 + lane) : -1;
-      }
     }
     finish(acc, m_run, l_run, reinterpret_cast<float*>(smem + Smem::lsum), sink, out, lse, part_o, part_lse, p, it.tok,
            it.hb, it.split, wg, r0, lane);
-  }
-}
-
-// The kOptDq builds' consumers: consumer_p1 compiled once per warpgroup (WGC), each warpgroup running its own copy.
-template <bool LAZY, int DQR, bool EARLY>
-__device__ __forceinline__ void consumer_p1_dq(uint8_t* smem, const __nv_bfloat16* q, const float* sink,
-                                               __nv_bfloat16* out, float* lse, float* part_o, float* part_lse,
-                                               const Params& p, int64_t items, int tid, uint32_t bar_full,
-                                               uint32_t bar_empty, const uint8_t* kv, const int* idx) {
-  if (tid < 128) {
-    consumer_p1<LAZY, DQR, EARLY, 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty, kv,
-                                     idx);
-  } else {
-    consumer_p1<LAZY, DQR, EARLY, 1>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty, kv,
-                                     idx);
   }
 }
 
@@ -1434,9 +1206,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB alignment (as ws3)
   const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
   const int tid = threadIdx.x;
-  static_assert(dq_rows(OPT) == 0 || (FP8 && (OPT & kOptOneScorer) != 0), "kOptDq*: FP8 with kOptOneScorer only");
-  // kOptDq*: the full barriers also count consumer warpgroup 1's 128 arrivals (its rows of each tile)
-  init_ring_barriers<C::kProducers + (dq_rows(OPT) > 0 ? 128 : 0)>(bar_full, bar_empty, tid);
+  init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     producer_p<FP8, OPT>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
@@ -1444,13 +1214,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     if constexpr ((OPT & kOptOneScorer) != 0) {
       static_assert((OPT & (kOptEarlyS | kOptWideFp8)) == 0, "kOptOneScorer: no early-scores / wide-FP8 form (spills)");
-      if constexpr (dq_rows(OPT) > 0) {
-        consumer_p1_dq<(OPT & kOptLazy) != 0, dq_rows(OPT), (OPT & kOptDqEarly) != 0>(
-            smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty, kv, idx);
-      } else {
-        consumer_p1<(OPT & kOptLazy) != 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full,
-                                           bar_empty);
-      }
+      consumer_p1<(OPT & kOptLazy) != 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     } else {
       consumer_p<OPT>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     }
@@ -1460,8 +1224,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
 // max_ctas > 0 caps the grid (tests: several items per CTA at small sizes); 0: one CTA per SM of the current device.
 template <bool FP8, int OPT = 0>
 static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream) {
-  const int smem = ((OPT & kOptDqEarly) != 0 ? Smem::total_dqe : dq_rows(OPT) > 0 ? Smem::total_dq : Smem::total) +
-                   1024;  // + alignment slack
+  const int smem = Smem::total + 1024;  // + alignment slack
   auto kern = ws3p_decode_kernel<FP8, OPT>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
@@ -1520,25 +1283,9 @@ static int launch_persist_cvt(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   }
 }
 #endif
-#ifdef FM_WS3_DQ_TU
-// fm_ws3s_decode.cu (this file included with FM_WS3_DQ_TU): the kOptDq* builds only (ws3p1 + warpgroup 1 dequantising
-// the last 8 / 16 / 24 rows of each FP8 tile), so that this file's and fm_ws3c_decode.cu's instances stay as they were.
-static int launch_persist_dq(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
-  switch (opt) {
-    case kOptOneScorer | kOptDq8: return launch_persist<true, kOptOneScorer | kOptDq8>(a, max_ctas, s);
-    case kOptOneScorer | kOptDq16: return launch_persist<true, kOptOneScorer | kOptDq16>(a, max_ctas, s);
-    case kOptOneScorer | kOptDq24: return launch_persist<true, kOptOneScorer | kOptDq24>(a, max_ctas, s);
-    case kOptOneScorer | kOptDq16 | kOptDqEarly:
-      return launch_persist<true, kOptOneScorer | kOptDq16 | kOptDqEarly>(a, max_ctas, s);
-    case kOptOneScorer | kOptDq24 | kOptDqEarly:
-      return launch_persist<true, kOptOneScorer | kOptDq24 | kOptDqEarly>(a, max_ctas, s);
-    default: return (int)cudaErrorInvalidValue;
-  }
-}
-#endif
 }  // namespace fm_ws3
 
-#if !defined(FM_WS3_CVT_TU) && !defined(FM_WS3_DQ_TU)
+#ifndef FM_WS3_CVT_TU
 int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist_opt<true>(a, max_ctas, opt, s)

@@ -46,10 +46,3 @@ int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int o
 // dequant that way (both the same bits as opt 8). FP8 only: fp8 false (or
 // another opt) returns cudaErrorInvalidValue (the BF16 cache has no dequant: run opt & ~16 via fm_ws3p_launch_opt).
 int fm_ws3p_launch_cvt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
-
-// ws3p's kOptDq builds (session 8, fm_ws3s_decode.cu; NOT GPU-run before the session-8 measuring run): opt 72 / 136 /
-// 264 = ws3p1 (8) + kOptDq8 (64) / kOptDq16 (128) / kOptDq24 (256): consumer warpgroup 1 dequantises the last 8 / 16 /
-// 24 rows of each FP8 tile of the next tile while warpgroup 0 scores the current one; 648 / 776 = 136 / 264 +
-// kOptDqEarly (512: those rows' raw bytes staged by cp.async a tile ahead). Results bit-identical to opt 8.
-// FP8 only: fp8 false (or another opt) returns cudaErrorInvalidValue.
-int fm_ws3p_launch_dq(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);

@@ -133,34 +133,6 @@ static void sparse_decode_ws3p_cvt(uintptr_t q, uintptr_t kv, uintptr_t idx, uin
                              "): " + fm_ws_error_string(rc));
 }
 
-// ws3p's kOptDq builds (fm_ws3p_launch_dq, session 8, fm_ws3s_decode.cu): sparse_decode_ws3p_opt's arguments; FP8
-// cache only, opt 72 / 136 / 264 (ws3p1 + consumer warpgroup 1 dequantising the last 8 / 16 / 24 rows of each tile),
-// 648 / 776 (16 / 24 rows, their raw bytes staged by cp.async a tile ahead: kOptDqEarly 512).
-static void sparse_decode_ws3p_dq(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
-                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
-                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
-                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
-                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
-                                   int max_ctas, int opt, uintptr_t stream) {
-  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_dq: H must be a positive multiple of 64");
-  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_dq: bad split plan");
-  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_dq: max_ctas must be >= 0 (0: one CTA per SM)");
-  if (!fp8) throw std::invalid_argument("sparse_decode_ws3p_dq: FP8 cache only (fp8 must be true)");
-  if (opt != 72 && opt != 136 && opt != 264 && opt != 648 && opt != 776)
-    throw std::invalid_argument("sparse_decode_ws3p_dq: opt must be 72, 136, 264, 648 or 776, got " +
-                                std::to_string(opt));
-  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode_ws3p_dq: num_splits > 1 needs the part_o / part_lse workspaces");
-  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
-  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
-                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
-                      stride_lh};
-  const int rc = fm_ws3p_launch_dq(a, fp8, max_ctas, opt, stream);
-  if (rc != 0)
-    throw std::runtime_error(std::string("sparse_decode_ws3p_dq launch failed (opt ") + std::to_string(opt) +
-                             "): " + fm_ws_error_string(rc));
-}
-
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
@@ -191,10 +163,5 @@ void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws3p_cvt", &sparse_decode_ws3p_cvt,
         "ws3p's kOptCvt builds (session 7, fm_ws3c_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
         "24 = ws3p1 (8) with the cheaper exact FP8 dequant (16), 40 = ws3p1 with half of it (32); results "
-        "bit-identical to opt 8.");
-  m.def("sparse_decode_ws3p_dq", &sparse_decode_ws3p_dq,
-        "ws3p's kOptDq builds (session 8, fm_ws3s_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
-        "72 / 136 / 264 = ws3p1 (8) whose consumer warpgroup 1 dequantises the last 8 / 16 / 24 rows of each tile "
-        "(64 / 128 / 256), 648 / 776 the same for 16 / 24 rows staged raw by cp.async a tile ahead (512); results "
         "bit-identical to opt 8.");
 }

@@ -59,13 +59,6 @@ way, half by ws3p1's fp32 path (conversion and fp32 pipes share the work), also 
 `VARIANTS` (the session-6 tests pin that table);
 `sparse_attn_ws` and `probe` accept it.
 
-ws3p kOptDq builds (session 8, NOT yet GPU-run; `variant="ws3p1s8"` / `"ws3p1s16"` / `"ws3p1s24"`, and "ws3p1s16e" /
-"ws3p1s24e" whose warpgroup 1 stages the raw rows by cp.async a tile ahead; `WS3P_DQ_OPTS`,
-`_C.sparse_decode_ws3p_dq`, fm_ws3s_decode.cu): ws3p1 whose consumer warpgroup 1, idle while warpgroup 0 scores a
-tile and runs the softmax, dequantises the last 8 / 16 / 24 rows of the NEXT FP8 tile meanwhile (loads, waits for
-that stage's release, dequant8 into the stage, arrives on its full barrier); the producer warpgroup does the other
-64 - R rows. Same bytes in the stage, so bit-identical to ws3p1; on a BF16 cache ws3p1 itself runs.
-
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -93,8 +86,6 @@ __all__ = [
     "WS3P_BIT_EXACT",
     "WS3P_CVT_BASE",
     "WS3P_CVT_OPTS",
-    "WS3P_DQ_BASE",
-    "WS3P_DQ_OPTS",
     "WS3P_OPTS",
     "WS3P_OPT_VARIANTS",
     "ablations_of",
@@ -116,7 +107,6 @@ __all__ = [
     "ws3_why_not",
     "ws3p_available",
     "ws3p_cvt_available",
-    "ws3p_dq_available",
     "ws3p_grid",
     "ws3p_opt_available",
 ]
@@ -150,24 +140,7 @@ WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose
 OPT_CVT, OPT_CVT_HALF = 16, 32  # kOptCvt: dequant8c for all 8 bytes of a unit; kOptCvtHalf: for half of them
 WS3P_CVT_OPTS = {"ws3p1c": 8 | OPT_CVT, "ws3p1h": 8 | OPT_CVT_HALF}
 WS3P_CVT_BASE = {"ws3p1c": "ws3p1", "ws3p1h": "ws3p1"}  # the variant each kOptCvt build must equal bit for bit
-# session 8: name -> option bits of the kOptDq builds (fm_ws3s_decode.cu, `_C.sparse_decode_ws3p_dq`, FP8 cache):
-# ws3p1 whose consumer warpgroup 1 dequantises the last 8 / 16 / 24 rows of each FP8 tile (of the next tile, while
-# warpgroup 0 scores the current one); the producer warpgroup does the other 64 - R. Same stage bytes as ws3p1, so the
-# results equal ws3p1's bit for bit. On a BF16 cache (nothing to dequantise) the base variant runs.
-# The "e" builds (kOptDqEarly) copy warpgroup 1's raw rows of tile g + 2 into a shared-memory staging buffer by cp.async
-# right after P_g V_g, so the load latency is hidden a tile ahead; the others load them at the start of tile g.
-OPT_DQ8, OPT_DQ16, OPT_DQ24, OPT_DQ_EARLY = 64, 128, 256, 512
-WS3P_DQ_OPTS = {
-    "ws3p1s8": 8 | OPT_DQ8,
-    "ws3p1s16": 8 | OPT_DQ16,
-    "ws3p1s24": 8 | OPT_DQ24,
-    "ws3p1s16e": 8 | OPT_DQ16 | OPT_DQ_EARLY,
-    "ws3p1s24e": 8 | OPT_DQ24 | OPT_DQ_EARLY,
-}
-WS3P_DQ_BASE = dict.fromkeys(WS3P_DQ_OPTS, "ws3p1")  # the variant each kOptDq build must equal bit for bit
-_WS3P_ALL = {**WS3P_OPTS, **WS3P_CVT_OPTS, **WS3P_DQ_OPTS}  # every persistent (ws3p family) variant
-_BY_NAME = {**WS3P_CVT_OPTS, **WS3P_DQ_OPTS}  # the variants outside `VARIANTS` (the session-6 tests pin that table)
-_BASE = {**WS3P_CVT_BASE, **WS3P_DQ_BASE}  # their base variant (what runs on a BF16 cache)
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_CVT_OPTS}  # every persistent (ws3p family) variant
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -258,12 +231,6 @@ def ws3p_cvt_available() -> bool:
     """True when `_C` has ws3p's kOptCvt builds (`sparse_decode_ws3p_cvt`, session 7 source: "ws3p1c", "ws3p1h")."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_cvt")
-
-
-def ws3p_dq_available() -> bool:
-    """True when `_C` has ws3p's kOptDq builds (`sparse_decode_ws3p_dq`, session 8 source: `WS3P_DQ_OPTS`)."""
-    mod = _module()
-    return mod is not None and hasattr(mod, "sparse_decode_ws3p_dq")
 
 
 def ws3_extra_available() -> bool:
@@ -402,8 +369,6 @@ def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
     if variant in WS3P_CVT_OPTS:
         entry = "sparse_decode_ws3p_cvt"
-    if variant in WS3P_DQ_OPTS:
-        entry = "sparse_decode_ws3p_dq"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
@@ -445,11 +410,11 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    known = variant in VARIANTS or variant in _BY_NAME
+    known = variant in VARIANTS or variant in WS3P_CVT_OPTS
     if not known or ablation not in ablations_of(variant):
         allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
         raise ValueError(
-            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(_BY_NAME)} / "
+            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)} / "
             f"{allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
@@ -476,8 +441,8 @@ def sparse_attn_ws(
         return out, lse_out
     mod = _module()
     kv_f, fp8 = _cache_rows(kv)
-    if variant in _BY_NAME and not fp8:  # nothing to dequantise: the base variant is the same kernel
-        variant = _BASE[variant]
+    if variant in WS3P_CVT_OPTS and not fp8:  # nothing to dequantise: the base variant is the same kernel
+        variant = WS3P_CVT_BASE[variant]
     _check_block_rows(mod, variant)
     q_ok = q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1)))
     q_c = q if q_ok else q.clone(memory_format=torch.contiguous_format)  # contiguous() keeps a misaligned view
@@ -509,8 +474,6 @@ def sparse_attn_ws(
         entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
         if variant in WS3P_CVT_OPTS:
             entry = mod.sparse_decode_ws3p_cvt
-        if variant in WS3P_DQ_OPTS:
-            entry = mod.sparse_decode_ws3p_dq
         opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
@@ -666,7 +629,7 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    names = sorted(VARIANTS) + sorted(_BY_NAME)
+    names = sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)
     if not variant or any(v not in names for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
