@@ -29,7 +29,7 @@ def _impls(a8, sfa, w, offs, out) -> tuple[dict, dict]:  # noqa: ANN001
     config = {"dg_w4a8[default]": default_w4a8_config(m, g).name}
     built = cw.compiled_variants()
     for v in cw.W4A8_CUDA_VARIANTS:
-        if v in cw.WS_VARIANTS:  # measured by bench_dg_w4a8_ws.py (keeps this run's length unchanged)
+        if v in cw.WS_VARIANTS or v in cw.RS_VARIANTS:  # measured by bench_dg_w4a8_ws.py / bench_dg_w4a8_rs.py
             continue
         name = cw.variant_name(v)
         impls[f"dg_w4a8[{name}]"] = lambda name=name: gemm((a8, sfa), w, offs, out, impl=name)

@@ -169,12 +169,20 @@ def test_variant_names_round_trip() -> None:
 
 
 def test_variant_list_in_sync_with_cu() -> None:
-    """kEntries: DG_W4A8_VARIANT(wg, stages, rel) and DG_W4A8_WS_VARIANT(stages, pipe) (= (2, stages, 2 + pipe))."""
-    pat = r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)|DG_W4A8_WS_VARIANT\((\d+),\s*(\d+)\)"
-    from_cu = [
-        (2, int(t[3]), 2 + int(t[4])) if t[3] else tuple(map(int, t[:3]))
-        for t in re.findall(pat, (_CSRC / "dg_w4a8_grouped.cu").read_text())
-    ]
+    """kEntries: DG_W4A8_VARIANT(wg, stages, rel), DG_W4A8_WS_VARIANT(stages, pipe) (= (2, stages, 2 + pipe)) and
+    DG_W4A8_RS_VARIANT(stages, tokens) (= (2, stages, 4 / 5 for 128 / 256 tokens)), DG_W4A8_RSF_VARIANT(stages,
+    tokens) (= (2, stages, 6 / 7)), DG_W4A8_RSFC_VARIANT(stages) (= (2, stages, 8))."""
+    pat = (r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)|DG_W4A8_WS_VARIANT\((\d+),\s*(\d+)\)"
+           r"|DG_W4A8_RS(F?)_VARIANT\((\d+),\s*(\d+)\)|DG_W4A8_RSFC_VARIANT\((\d+)\)")  # fmt: skip
+
+    def entry(t: tuple[str, ...]) -> tuple[int, int, int]:
+        if t[8]:
+            return (2, int(t[8]), 8)
+        if t[6]:
+            return (2, int(t[6]), (6 if t[5] else 4) + (t[7] != "128"))
+        return (2, int(t[3]), 2 + int(t[4])) if t[3] else (int(t[0]), int(t[1]), int(t[2]))
+
+    from_cu = [entry(t) for t in re.findall(pat, (_CSRC / "dg_w4a8_grouped.cu").read_text())]
     assert from_cu == list(cw.W4A8_CUDA_VARIANTS)
 
 
@@ -221,8 +229,9 @@ def test_sm90_compile() -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
-    # + 1: the rel variants' pre-pass kernel (w4a8_sref_kernel) is always built; the ws kernels are in dg_w4a8_ws.cu
-    n_here = len(cw.W4A8_CUDA_VARIANTS) - len(cw.WS_VARIANTS)
+    # + 1: the rel variants' pre-pass kernel (w4a8_sref_kernel) is always built; the ws / rs kernels are in
+    # dg_w4a8_ws.cu / dg_w4a8_rs.cu
+    n_here = len(cw.W4A8_CUDA_VARIANTS) - len(cw.WS_VARIANTS) - len(cw.RS_VARIANTS)
     assert len(regs) == (n_here if every else 1) + 1, res.stderr[-2000:]
     assert max(regs) <= 255 and max(frames) == 0, res.stderr[-3000:]
     assert "C7510" not in res.stderr and "C7508" not in res.stderr, res.stderr[-3000:]
@@ -398,7 +407,7 @@ def test_gpu_api_impl_choice(impl: str, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_auto_picks_by_rows_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Session 6 default ("auto" = "rows"): Triton below 64 rows per group, cuda_wg1s4 from 64, cuda_wg2s4 from 256;
+    """Default ("auto" = "rows"): Triton below 64 rows per group, cuda_wg1s4 from 64, cuda_rs2s4n256 from 256 (session 8);
     an explicit impl or a Triton `config` wins; `expected_m` is the rows hint."""
     from deepinfer.deep_gemm import api_w4a8 as api
 
@@ -407,7 +416,7 @@ def test_auto_picks_by_rows_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     assert api._cuda_variant(None, None, 63) is None
     assert api._cuda_variant(None, None, 64) == parse("cuda_wg1s4")
     assert api._cuda_variant("auto", None, 255) == parse("cuda_wg1s4")
-    assert api._cuda_variant(None, None, 256) == parse("cuda_wg2s4")
+    assert api._cuda_variant(None, None, 256) == parse("cuda_rs2s4n256")
     assert api._cuda_variant("triton", None, 1024) is None
     assert api._cuda_variant("cuda_wg1s4", None, 1024) == parse("cuda_wg1s4")
     monkeypatch.setenv(IMPL_ENV, "triton")

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "dg_w4a8_grouped.cuh"
+#include "dg_w4a8_rs.h"
 #include "dg_w4a8_ws.h"
 
 namespace dg_w4a8 {
@@ -110,6 +111,25 @@ int smem_of_ws(int g) {
 #define DG_W4A8_WS_VARIANT(NS, PIPE) \
   Entry { {2, NS, 2 + PIPE}, &launch_ws<NS, PIPE>, &smem_of_ws<NS, PIPE> }
 
+// Schemes 4 ("rs") and 5 ("rs", 256-token tiles): the register-operand kernel of dg_w4a8_rs.cu (weights as the
+// wgmma's A operand from registers; 2 consumer warpgroups x 64 weight rows, 128 / 256-token tiles); 6 / 7: the same
+// with row-reference scales folded ("rs ... f": one FFMA per accumulator per block; p.sref workspace); 8: folded +
+// the cheaper FP4 -> e4m3 conversion ("rs ... fc", 256-token tiles only).
+template <int NS, int TOK, int FOLD>
+int launch_rs(const Params& p, int ctas, cudaStream_t stream) {
+  return w4a8_rs_launch(NS, TOK, FOLD, p, ctas, stream, &g_last_error);
+}
+template <int NS, int TOK, int FOLD>
+int smem_of_rs(int g) {
+  return w4a8_rs_smem_bytes(NS, TOK, FOLD, g);
+}
+#define DG_W4A8_RS_VARIANT(NS, TOK) \
+  Entry { {2, NS, TOK == 128 ? 4 : 5}, &launch_rs<NS, TOK, 0>, &smem_of_rs<NS, TOK, 0> }
+#define DG_W4A8_RSF_VARIANT(NS, TOK) \
+  Entry { {2, NS, TOK == 128 ? 6 : 7}, &launch_rs<NS, TOK, 1>, &smem_of_rs<NS, TOK, 1> }
+#define DG_W4A8_RSFC_VARIANT(NS) \
+  Entry { {2, NS, 8}, &launch_rs<NS, 256, 2>, &smem_of_rs<NS, 256, 2> }
+
 #define DG_W4A8_VARIANT(WG, NS, REL) \
   Entry { {WG, NS, REL}, &launch<WG, NS, REL>, &smem_of<WG, NS, REL> }
 
@@ -124,6 +144,14 @@ const Entry kEntries[] = {
     DG_W4A8_WS_VARIANT(4, 0),  // warp-specialised (producer warpgroup converts; dg_w4a8_ws.cuh), 4-stage ring
     DG_W4A8_WS_VARIANT(3, 0),  //
     DG_W4A8_WS_VARIANT(4, 1),  // + pipelined consumers (two blocks in flight per warpgroup, setmaxnreg)
+    DG_W4A8_RS_VARIANT(4, 128),  // weights as the register operand (dg_w4a8_rs.cuh), 128-token tiles
+    DG_W4A8_RS_VARIANT(6, 128),  // 6-stage ring
+    DG_W4A8_RS_VARIANT(4, 256),  // 256-token tiles: each converted weight fragment feeds two n128 wgmmas
+    DG_W4A8_RS_VARIANT(3, 256),  //
+    DG_W4A8_RSF_VARIANT(4, 128),  // + row-reference scales folded (one FFMA per accumulator per block)
+    DG_W4A8_RSF_VARIANT(4, 256),  //
+    DG_W4A8_RSF_VARIANT(3, 256),  //
+    DG_W4A8_RSFC_VARIANT(4),      // + the cheaper conversion (256-token tiles)
 #endif
 };
 
@@ -156,7 +184,7 @@ int w4a8_grouped_launch(int wg, int stages, int rel, std::uintptr_t a, std::uint
   const Entry* e = find(wg, stages, rel);
   if (e == nullptr) return -1;
   if (m < 0 || n <= 0 || n % 16 != 0 || k <= 0 || k % kBK != 0 || g < 1 || g > kMaxGroups ||
-      (rel == 1 && (sref == 0 || sref % 16 != 0))) {
+      ((rel == 1 || rel >= 6) && (sref == 0 || sref % 16 != 0))) {
     char buf[200];
     std::snprintf(buf, sizeof(buf),
                   "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s (k %% 128, n %% 16, 1 <= g <= %d, a 16-byte "

@@ -9,7 +9,9 @@ namespace dg_w4a8 {
 
 // One compiled variant: consumer warpgroups (token rows per tile = 64 * wg; 128 weight rows), ring stages, and rel
 // (the scheme: 0 absolute, 1 row-reference scales: a pre-pass writes per weight row its largest scale byte, see
-// dg_w4a8_grouped.cuh; 2 "ws": the warp-specialised kernel of dg_w4a8_ws.cuh, absolute numerics, wg = 2).
+// dg_w4a8_grouped.cuh; 2 "ws": the warp-specialised kernel of dg_w4a8_ws.cuh, absolute numerics, wg = 2;
+// 3 "wsp": ws with pipelined consumers; 4 "rs": the weights as the wgmma's register operand, dg_w4a8_rs.cuh, wg = 2, 128-token
+// tiles; 5: rs with 256-token tiles).
 struct W4A8Variant {
   int wg, stages;
   int rel;

@@ -8,8 +8,8 @@ Dispatch as `api_w4a16.py`: CUDA tensors -> Triton unless DEEPINFER_DEEP_GEMM_BA
 the PyTorch reference unless DEEPINFER_DEEP_GEMM_BACKEND=triton (needs TRITON_INTERPRET=1).
 
 Compiled kernel (`backends/cuda/cuda_w4a8_grouped.py`, FP8 wgmma, the compute-bound path): the default ("auto" =
-DEFAULT_IMPL "rows") runs it from CUDA_MIN_ROWS rows per group (cuda_wg1s4, cuda_wg2s4 from WG2_MIN_ROWS), Triton
-below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env
+DEFAULT_IMPL "rows") runs it from CUDA_MIN_ROWS rows per group (cuda_wg1s4; from RS_MIN_ROWS the register-operand
+cuda_rs2s4n256, bit-equal to cuda_wg2s4), Triton below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env
 DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..|triton, forces a choice. It runs on CUDA tensors when `_C` has it and the
 operands fit (else the Triton path).
 """
@@ -32,10 +32,13 @@ IMPL_ENV = "DEEPINFER_DG_W4A8_IMPL"
 # What "auto" runs on CUDA: "rows" = by rows per group (`_auto_variant`): the FP8-wgmma kernel from CUDA_MIN_ROWS rows
 # per group, Triton below. Session 6 run 2 (H200, benchmarks/results/2026-11-30-s6-bench-deep_gemm-w4a8.json; 52 GPU
 # tests passed): cuda_wg1s4 1.70-2.90x the Triton default at 64 rows / group, cuda_wg2s4 2.03-2.07x at 256 / 1,024
-# (cuda_wg1s4 wins at 64, wg2s4 from 256); fewer rows per group were not measured, so they keep Triton.
+# (cuda_wg1s4 wins at 64, wg2s4 from 256); fewer rows per group were not measured, so they keep Triton. Session 8
+# (H200, benchmarks/results/2026-11-30-s8-bench-dg_w4a8_rs.json; 110 + 151 GPU tests passed): cuda_rs2s4n256 (weights
+# as the wgmma register operand, 256-token tiles) is bit-equal to cuda_wg2s4 and 1.62-1.67x it at 256 / 1,024 rows
+# per group, but 0.93x at 64 (half-empty 256-token tiles), where cuda_wg1s4 stays; 65-255 rows were not measured.
 DEFAULT_IMPL = "rows"
 CUDA_MIN_ROWS = 64
-WG2_MIN_ROWS = 256
+RS_MIN_ROWS = 256
 
 _PACKED = (torch.int8, torch.uint8)
 _E8M0 = (torch.float8_e8m0fnu, torch.uint8)
@@ -112,7 +115,7 @@ def _auto_variant(rows: float) -> str:
     """DEFAULT_IMPL "rows": the impl name for `rows` rows per group (see DEFAULT_IMPL's comment)."""
     if rows < CUDA_MIN_ROWS:
         return "triton"
-    return "cuda_wg2s4" if rows >= WG2_MIN_ROWS else "cuda_wg1s4"
+    return "cuda_rs2s4n256" if rows >= RS_MIN_ROWS else "cuda_wg1s4"
 
 
 def _cuda_variant(impl: str | None, config: W4A8Config | None, rows: float) -> tuple[int, int, int] | None:

@@ -10,7 +10,11 @@ spread wider take an exact per-32 path (see the kernel header). Same operands an
 
 Variants (wg, stages, rel): `W4A8_CUDA_VARIANTS`; names 'cuda_wg2s4', 'cuda_wg2s4r', 'cuda_ws2s4' etc. (`variant_name`);
 rel = 2 / 3: the warp-specialised kernel (`csrc/cuda/dg_w4a8_ws.cuh`, same numerics as rel = 0; 3: pipelined
-consumers, 'cuda_wsp2s4'). rel = 1:
+consumers, 'cuda_wsp2s4'). rel = 4: the register-operand kernel (`csrc/cuda/dg_w4a8_rs.cuh`: the converted weights
+are the wgmma's A operand from registers, never written to shared memory; 'cuda_rs2s4', 'cuda_rs2s6'; rel = 5: the same
+kernel with 256-token tiles, 'cuda_rs2s4n256', 'cuda_rs2s3n256'; rel = 6 / 7: rs (128 / 256-token tiles) with
+row-reference scales folded as rel = 1, 'cuda_rs2s4f', 'cuda_rs2s4n256f', 'cuda_rs2s3n256f'; rel = 8: 7 + a cheaper
+FP4 -> e4m3 conversion (same bytes), 'cuda_rs2s4n256fc'). rel = 1:
 row-reference scales (a pre-pass kernel writes each weight row's largest scale byte into a uint16 [g, n] workspace,
 allocated per call; the main loop's promotion is then one FFMA per accumulator; see the kernel header).
 """
@@ -24,26 +28,40 @@ import torch
 from ..._backend import compiled_module
 
 __all__ = [
-    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies", "compiled_variants",
-    "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
+    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "RS_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies",
+    "compiled_variants", "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
 ]  # fmt: skip
 
 # Keep in sync with kEntries in csrc/cuda/dg_w4a8_grouped.cu (a CPU test compares them).
 # rel (the scheme): 0 absolute scales, 1 row-reference scales, 2 "ws" = the warp-specialised kernel
 # (csrc/cuda/dg_w4a8_ws.cuh: a producer warpgroup loads and converts, two consumer warpgroups only wgmma and promote;
 # absolute numerics, bit-equal to scheme 0 with wg = 2), 3 "wsp" = ws with pipelined consumers (each keeps two
-# blocks' wgmmas in flight; setmaxnreg), also bit-equal.
+# blocks' wgmmas in flight; setmaxnreg), also bit-equal. 4 "rs" = the weights as the wgmma's register operand
+# (csrc/cuda/dg_w4a8_rs.cuh: D^T = W x X^T; same conversion, k32 order and promotion products as scheme 0, operand
+# roles swapped: tested against float64, bit-equality with scheme 0 reported); 5 = rs with 256-token tiles; 6 / 7 =
+# rs / rs 256-token tiles with scheme 1's row-reference scales (one FFMA per accumulator per block; the sref
+# pre-pass + workspace; bit-equality with scheme 1 reported); 8 = 7 with the cheaper conversion (bit-equal to 7).
 W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = (
-    (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3),
+    (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3), (2, 4, 4), (2, 6, 4),
+    (2, 4, 5), (2, 3, 5), (2, 4, 6), (2, 4, 7), (2, 3, 7), (2, 4, 8),
 )  # fmt: skip
-WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] >= 2)
+WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (2, 3))
+RS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (4, 5, 6, 7, 8))
+SREF_SCHEMES = (1, 6, 7, 8)  # schemes that need the row-reference pre-pass's uint16 [g, n] workspace
 DEFAULT_VARIANT = (2, 4, 0)
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
 
 
 def variant_name(variant: tuple[int, int, int]) -> str:
     """(2, 4, 0) -> 'cuda_wg2s4'; (2, 4, 1) -> 'cuda_wg2s4r'; (2, 4, 2) -> 'cuda_ws2s4' (warp-specialised);
-    (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers)."""
+    (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers); (2, 4, 4) -> 'cuda_rs2s4' (register-operand
+    weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles); (2, 4, 6) -> 'cuda_rs2s4f',
+    (2, 4, 7) -> 'cuda_rs2s4n256f' (the same with row-reference scales folded); (2, 4, 8) -> 'cuda_rs2s4n256fc'
+    (+ the cheaper conversion)."""
+    if variant[2] in (4, 5, 6, 7, 8):
+        tok = "n256" if variant[2] in (5, 7, 8) else ""
+        fold = {6: "f", 7: "f", 8: "fc"}.get(variant[2], "")
+        return f"cuda_rs{variant[0]}s{variant[1]}{tok}{fold}"
     if variant[2] >= 2:
         return f"cuda_ws{'p' if variant[2] == 3 else ''}{variant[0]}s{variant[1]}"
     return f"cuda_wg{variant[0]}s{variant[1]}{'r' if variant[2] else ''}"
@@ -130,12 +148,13 @@ def m_grouped_fp8_fp4_gemm_nt_offsets_cuda(
     if m == 0 or n == 0:
         return out
     wg, stages, rel = variant
-    # rel == 1: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
-    sref = torch.empty(g * n if rel == 1 else 0, dtype=torch.int16, device=values.device)
+    # SREF_SCHEMES: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
+    use_sref = rel in SREF_SCHEMES
+    sref = torch.empty(g * n if use_sref else 0, dtype=torch.int16, device=values.device)
     with torch.cuda.device(values.device):
         stream = torch.cuda.current_stream(values.device).cuda_stream
         mod.w4a8_cuda_grouped(
             wg, stages, rel, values.data_ptr(), sfa.data_ptr(), packed.data_ptr(), scales.data_ptr(),
-            offs.data_ptr(), out.data_ptr(), sref.data_ptr() if rel == 1 else 0, m, n, k, g, ctas, stream,
+            offs.data_ptr(), out.data_ptr(), sref.data_ptr() if use_sref else 0, m, n, k, g, ctas, stream,
         )  # fmt: skip
     return out

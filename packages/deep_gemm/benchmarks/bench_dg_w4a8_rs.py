@@ -1,0 +1,101 @@
+"""W4A8 grouped GEMM, register-operand kernel (cuda_rs*) beside the ws kernel, today's default and the FP8 API.
+
+Issue 6 goal: FP4 experts >= 0.85x the FP8-expert grouped API where compute-bound. Same cases and baseline rows as
+bench_dg_w4a8_ws.py (imported from it): 256 experts, 64 / 256 / 1,024 tokens per expert, (n, k) = (4096, 4096)
+gate+up and (4096, 2048) down; rows: the FP8 grouped API, `cuda_wg2s4` (today's default at these sizes),
+`cuda_wg2s4r` (row-reference scales), `cuda_ws2s4` (the warp-specialised kernel) and the `cuda_rs*` variants
+(csrc/cuda/dg_w4a8_rs.cuh; session 8 round 2: the folded `..f` rows = row-reference scales, one FFMA per accumulator
+per block; `cuda_rs2s4n256fc` = `cuda_rs2s4n256f` + the cheaper FP4 -> e4m3 conversion), all through the W4A8 API's
+impl=. Every W4A8 row records bit_equal / calc_diff vs cuda_wg2s4's output (the folded rows are not bit-equal to
+it by design: their calc_diff is the FP8-accumulation-level difference; the GPU tests check them against float64)
+and x_ws2s4. (cuda_wg1s4 and cuda_rs2s6 were measured in session 8 round 1: build/s8/dgrs_r2.json; dropped here to
+stay < 120 s.) The weight scales span 118..127 (<= 9 binades per row), so the folded rows run their kRelFast path
+throughout.
+
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_rs.py --out RESULT.json   # H200, ~110 s
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_rs.py --smoke             # CPU, tiny (reference path)
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_rs.py --table RESULT.json # markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chosen at @triton.jit time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_dg_w4a8_ws as ws  # noqa: E402  (puts this checkout's src/ first on sys.path)
+import torch  # noqa: E402
+
+from kernelkit import write_results_json  # noqa: E402
+
+WS_ROW = "cuda_ws2s4"
+RS_ROWS = (
+    "cuda_rs2s4",
+    "cuda_rs2s4n256",
+    "cuda_rs2s3n256",
+    "cuda_rs2s4f",
+    "cuda_rs2s4n256f",
+    "cuda_rs2s3n256f",
+    "cuda_rs2s4n256fc",
+)
+IMPLS = ("cuda_wg2s4", "cuda_wg2s4r", WS_ROW, *RS_ROWS)
+BUDGET_S = 140.0  # no new case past this (11 rows a case; session 8 round 1: 8 rows, 81 s in all)
+META = {"package": "deep_gemm", "bench": "w4a8_rs"}
+
+
+def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, fp8: tuple) -> list[dict]:
+    """bench_dg_w4a8_ws.run_case with this script's rows (its IMPLS global), plus x_ws2s4 per row."""
+    ws.IMPLS = IMPLS  # run_case / _calls read the module global at call time
+    recs = ws.run_case(wname, n, k, tpe, g, dev, rep, fp8)
+    times = {r["impl"]: r["median_us"] for r in recs if "median_us" in r}
+    for r in recs:
+        if r["impl"] in times and WS_ROW in times:
+            r["x_ws2s4"] = times[WS_ROW] / times[r["impl"]]
+    return recs
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_dg_w4a8_rs.json", help="result JSON")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (the API's reference path)")
+    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
+    args = p.parse_args(argv)
+    if args.table:
+        print(ws.table(args.table))
+        return
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --smoke for the CPU check")
+    dev = "cpu" if args.smoke else "cuda"
+    shapes = {"smoke": (256, 256)} if args.smoke else ws.SHAPES
+    tpes, g = ((3, 8) if args.smoke else ws.TPES), (2 if args.smoke else ws.EXPERTS)
+    start, recs = time.monotonic(), []
+    for wname, (n, k) in shapes.items():
+        fp8 = (ws._fp8_bytes((g, n, k), dev), torch.rand(g, n // 128, k // 128, device=dev) + 0.5)
+        for tpe in tpes:
+            if time.monotonic() - start > BUDGET_S:
+                print(f"budget: skipping {wname} tpe={tpe}", flush=True)
+                recs.append({"weights": wname, "tpe": tpe, "impl": "*", "error": "skipped: time budget"})
+                continue
+            rep = 3 if args.smoke else (20 if tpe >= 1024 else 40)
+            try:
+                case = run_case(wname, n, k, tpe, g, dev, rep, fp8)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record and go on
+                case = [{"weights": wname, "tpe": tpe, "impl": "*", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}]
+            for r in case:
+                print(ws._line(r) + (f" x_ws2s4={r['x_ws2s4']:.3f}" if "x_ws2s4" in r else ""), flush=True)
+                recs.append(r)
+            write_results_json(args.out, recs, META)  # partial results
+        del fp8
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    write_results_json(args.out, recs, {**META, "seconds": time.monotonic() - start})
+    print(f"wrote {args.out} ({len(recs)} records, {time.monotonic() - start:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
