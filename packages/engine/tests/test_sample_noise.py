@@ -3,10 +3,21 @@ draws are Exp(1), and a row's noise depends only on (seed, step, token id), on t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from deepinfer.engine.sample_noise import _GOLDEN, _MASK64, exponential_noise, splitmix64_py, uniform_bits
+from deepinfer.engine.sample_noise import (
+    _GOLDEN,
+    _M1,
+    _M2,
+    _MASK64,
+    exponential_noise,
+    row_keys,
+    splitmix64_py,
+    uniform_bits,
+)
 from deepinfer.engine.sampler import row_seed, sample_tensor
 from deepinfer.engine.sampling_params import SamplingParams
 
@@ -25,6 +36,8 @@ def test_hash_matches_the_python_oracle():
     for row, r in zip(got.tolist(), EDGE_SEEDS):
         assert row == _oracle(r, 37)
     assert int(got.min()) >= 0 and int(got.max()) < 2**53
+    # the Triton race kernel (sample_race._mix) spells the same constants as literals
+    assert (_GOLDEN, _M1, _M2) == (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 def test_noise_is_exponential_and_row_local():
@@ -71,3 +84,34 @@ def test_gpu_draws_the_cpu_bits_and_tokens():
     lc = logits.cuda()
     us = bench_cuda(lambda: sample_tensor(lc, params, seeds, steps), mode="events")["median_us"]
     print(f"sample_tensor b=32 V=129280 (8 top-k, 8 greedy, 8 top-p, 8 min-p rows): {us:.1f} us")
+
+
+def _torch_race(scores: torch.Tensor, thr: torch.Tensor, seeds: list[int]) -> torch.Tensor:
+    """The sampler's torch path of the race (mask below thr, float64 noise, argmax)."""
+    masked = scores.masked_fill(scores < thr[:, None], -math.inf)
+    noise = exponential_noise(seeds, scores.shape[1], scores.device)
+    return torch.argmax(masked.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log(), dim=-1)
+
+
+def test_fused_race_equals_the_torch_path(monkeypatch):
+    """The Triton race (interpreter here) picks what the torch path picks: thresholds off / mid / at the max, holes
+    (-inf scores), a vocabulary that is not a multiple of the block (several blocks), and ties in the scores."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from deepinfer.engine import sample_race
+
+    monkeypatch.setattr(sample_race, "BLOCK", 64)  # several blocks per row at this vocabulary
+    g = torch.Generator().manual_seed(5)
+    b, vocab = 12, 300
+    scores = torch.randn(b, vocab, generator=g) * 2
+    scores[1, ::3] = -math.inf  # tokens already dropped (top-p)
+    scores[2, :] = 0.5  # every score tied
+    thr = torch.full((b,), -math.inf)
+    thr[3:6] = scores[3:6].median(dim=-1).values
+    thr[6] = scores[6].max()  # only the largest survives
+    seeds = [row_seed(9, s) for s in range(b)]
+    got = sample_race.race_argmax(scores, thr, row_keys(seeds, torch.device("cpu")))
+    assert got.tolist() == _torch_race(scores, thr, seeds).tolist()
+    assert int(got[6]) == int(scores[6].argmax())
+    with pytest.raises(ValueError, match="scores"):
+        sample_race.race_argmax(scores.double(), thr, row_keys(seeds, torch.device("cpu")))

@@ -53,6 +53,27 @@ namespace dg_w4a8 {
 
 constexpr int kRelMid = 4;  // kFold block mode: codes relative to the block's s_max, factor 2^(s_max - s_ref)
 
+// DIAGNOSTIC ablations (kAblate bit mask; dg_w4a8_rs_ablate.cu, never a user variant; results are WRONG, the builds
+// exist only to be timed): each removes one part of the consumers' work. kAblate != 0 always takes the fast path
+// (ignores the block mode). 0 = the real kernel (every `if constexpr` below folds away: same code).
+//   kAblNoConv   (A): the fragment words are still loaded (LDS.128 + PRMT) but fed to the wgmma raw (no LUT, no
+//                     FP4 -> e4m3 conversion); promotion, waits, epilogue kept.
+//   kAblNoPromo  (B): the wgmmas accumulate straight into acc (no tmp, no per-block FFMA); the two token halves'
+//                     eight wgmmas are one commit group and one wait per block (the per-half wait existed only
+//                     because tmp is shared); conversion kept.
+//   kAblNoMma    (C): no wgmma: an empty asm with the wgmma's operands (tmp "+f", fragment "r") keeps the
+//                     conversion and the promotion alive; fences / commits / waits kept.
+//   kAblProdOnly (D): consumers only wait full / arrive empty per block (+ the epilogue's stores of zeros): the
+//                     producer's cp.async feed rate of the ring.
+//   A | B        (E): wgmma + feed only: the ceiling of this structure.
+constexpr int kAblNoConv = 1, kAblNoPromo = 2, kAblNoMma = 4, kAblProdOnly = 8;
+
+// kAblNoMma: no instruction, but d depends on a (as after a wgmma), so nothing upstream is deleted.
+__device__ __forceinline__ void rs_fake_wgmma(float* d, const uint32_t* a) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]));
+}
+
 template <int kStages, int kTok = 128, bool kFold = false>
 struct RsLayout {  // (kCheap does not change the layout)
   static_assert(kTok == 128 || kTok == 256, "token tile: one or two wgmma n128 halves");
@@ -200,6 +221,16 @@ __device__ __forceinline__ void rs_frag(uint32_t* a, const uint8_t* w, const uin
   a[3] = e1.y;
 }
 
+// kAblNoConv: rs_frag's loads and word picks, no conversion (raw packed codes as the e4m3 bytes).
+__device__ __forceinline__ void rs_frag_raw(uint32_t* a, const uint8_t* w, int rl, int j, bool hiw, uint32_t sel) {
+  const uint4 c0 = *reinterpret_cast<const uint4*>(w + rs_wchunk(rl, j));
+  const uint4 c1 = *reinterpret_cast<const uint4*>(w + rs_wchunk(rl + 8, j));
+  a[0] = __byte_perm(hiw ? c0.y : c0.x, hiw ? c0.w : c0.z, sel);
+  a[1] = __byte_perm(hiw ? c1.y : c1.x, hiw ? c1.w : c1.z, sel);
+  a[2] = a[0];
+  a[3] = a[1];
+}
+
 // codes_to_e4m3 with the nibble masks shared by both halves (prmt uses only the low 16 selector bits: the low
 // halves of m, t, m >> 16, t >> 16 are today's (w & 0x7777), (w >> 3) & 0x1111, (w >> 16) & 0x7777, (w >> 19) & 0x1111).
 // (prmt through asm: with __byte_perm nvcc sees that only 16 selector bits are used and splits the masks again.)
@@ -289,7 +320,7 @@ __device__ __forceinline__ void rs_store(const Params& p, const Tile& tile, floa
 // promotion). acc: kHalves x 64 (token half h: tokens 128 h ..); the A fragments are converted once for all halves.
 // kFold: returns the epilogue word (s_ref of row rl | s_ref of rl + 8 << 8 | 1 << 16 in the row-reference modes;
 // one register: rs_epi_factor unpacks it at the tile's end), else 0.
-template <int kStages, int kTok, bool kFold, bool kCheap>
+template <int kStages, int kTok, bool kFold, bool kCheap, int kAblate = 0>
 __device__ __forceinline__ uint32_t rs_block(float (*acc)[64], float* tmp, uint8_t* st, const uint32_t* lut, int rl,
                                              bool hiw, uint32_t sel) {
   using L = RsLayout<kStages, kTok, kFold>;
@@ -298,7 +329,9 @@ __device__ __forceinline__ uint32_t rs_block(float (*acc)[64], float* tmp, uint8
   const uint8_t* w = st + L::kW;
   const uint32_t x_base = smem_u32(st + L::kX);
   const uint32_t sc0 = s_src[rl], sc1 = s_src[rl + 8];
-  const int mode = *reinterpret_cast<const volatile int*>(st + L::kMode);
+  if constexpr ((kAblate & kAblProdOnly) != 0) return 0u;  // (the consumer only waits and arrives)
+  // the ablations always take the fast path
+  const int mode = kAblate != 0 ? kAbsFast : *reinterpret_cast<const volatile int*>(st + L::kMode);
   const bool rel = kFold && mode >= kRelFast;  // kRelFast, kRelSlow, kRelMid
   uint32_t ref0 = 0, ref1 = 0;
   if constexpr (kFold) {
@@ -320,23 +353,39 @@ __device__ __forceinline__ uint32_t rs_block(float (*acc)[64], float* tmp, uint8
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // (half 0) convert slice j while the tensor core runs slice j - 1, then issue
         if (h == 0) {
-          if constexpr (kCheap) {
+          if constexpr ((kAblate & kAblNoConv) != 0) {
+            rs_frag_raw(a[j], w, rl, j, hiw, sel);
+          } else if constexpr (kCheap) {
             rs_frag_c(a[j], w + (hiw ? 4 : 0), lut, rl, j, dd0, dd1, sel);
           } else {
             rs_frag(a[j], w, lut, rl, j, m0 - ((sc0 >> (8 * j)) & 0xffu), m1 - ((sc1 >> (8 * j)) & 0xffu), hiw, sel);
           }
         }
         wg_arrive();
-        wgmma_m64n128k32_e4m3_rs(tmp, a[j], gmma_desc(xb + 32 * j), j);
+        if constexpr ((kAblate & kAblNoMma) != 0) {
+          rs_fake_wgmma(tmp, a[j]);
+        } else if constexpr ((kAblate & kAblNoPromo) != 0) {
+          wgmma_m64n128k32_e4m3_rs(acc[h], a[j], gmma_desc(xb + 32 * j), 1);
+        } else {
+          wgmma_m64n128k32_e4m3_rs(tmp, a[j], gmma_desc(xb + 32 * j), j);
+        }
       }
+      if constexpr ((kAblate & kAblNoPromo) == 0) {
+        wg_commit();
+        wg_wait0();
+        reg_fence<64>(tmp);
+        if (fold) {
+          rs_promote_fa(acc[h], tmp, fa_s + 128 * h);
+        } else {
+          rs_promote(acc[h], tmp, fa_s + 128 * h, fw0, fw1);
+        }
+      }
+    }
+    if constexpr ((kAblate & kAblNoPromo) != 0) {  // one group for both halves (no shared tmp to drain)
       wg_commit();
       wg_wait0();
-      reg_fence<64>(tmp);
-      if (fold) {
-        rs_promote_fa(acc[h], tmp, fa_s + 128 * h);
-      } else {
-        rs_promote(acc[h], tmp, fa_s + 128 * h, fw0, fw1);
-      }
+#pragma unroll
+      for (int h = 0; h < L::kHalves; ++h) reg_fence<64>(acc[h]);
     }
   } else {  // adversarial scales: four k32 steps (d = 0), each promoted with its own group scale
 #pragma unroll 1
@@ -369,7 +418,7 @@ __device__ __forceinline__ float rs_epi_factor(uint32_t epi, bool hi) {
   return (epi >> 16) ? pow2_scale((epi >> (hi ? 8 : 0)) & 0xffu) : 1.f;
 }
 
-template <int kStages, int kTok, bool kFold, bool kCheap>
+template <int kStages, int kTok, bool kFold, bool kCheap, int kAblate = 0>
 __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                             int n_tiles) {
   using L = RsLayout<kStages, kTok, kFold>;
@@ -393,7 +442,8 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
     const int stage = sp % kStages;
     mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
     // epi: the same for every block of a tile (s_ref and the bad flag are per weight row)
-    const uint32_t epi = rs_block<kStages, kTok, kFold, kCheap>(acc, tmp, smem + stage * L::kStage, lut, rl, hiw, sel);
+    const uint32_t epi =
+        rs_block<kStages, kTok, kFold, kCheap, kAblate>(acc, tmp, smem + stage * L::kStage, lut, rl, hiw, sel);
     mbar_arrive(&empty[stage]);  // the wgmmas and the generic reads of this stage are done
     if (++ckb == kblocks) {
 #pragma unroll
@@ -407,10 +457,11 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
   }
 }
 
-template <int kStages, int kTok, bool kFold = false, bool kCheap = false>
+template <int kStages, int kTok, bool kFold = false, bool kCheap = false, int kAblate = 0>
 __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
   using L = RsLayout<kStages, kTok, kFold>;
   static_assert(kStages >= 3, "the ring needs >= 3 stages (one loading, one ready, one consumed)");
+  static_assert(kAblate == 0 || (!kFold && !kCheap), "the diagnostic ablations are built on the absolute scheme only");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int tid = threadIdx.x;
@@ -438,7 +489,7 @@ __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
     rs_producer<kStages, kTok, kFold>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::kConsRegs) : "memory");
-    rs_consumer<kStages, kTok, kFold, kCheap>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+    rs_consumer<kStages, kTok, kFold, kCheap, kAblate>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

@@ -47,10 +47,14 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _srl(x, 31)
 
 
+def row_keys(row_seeds: list[int], device: torch.device) -> torch.Tensor:
+    """int64 [B]: splitmix64(r) of each row's seed r, as int64 bits (the per-row key of the token hash)."""
+    return _mix(torch.tensor([_signed(r & _MASK64) for r in row_seeds], dtype=torch.int64, device=device))
+
+
 def uniform_bits(row_seeds: list[int], vocab: int, device: torch.device) -> torch.Tensor:
     """int64 [B, vocab] in [0, 2^53): the 53 high bits of splitmix64(splitmix64(r) + (i + 1) * G) per (row r, i)."""
-    seeds = torch.tensor([_signed(r & _MASK64) for r in row_seeds], dtype=torch.int64, device=device)
-    key = _mix(seeds)[:, None]  # [B, 1]
+    key = row_keys(row_seeds, device)[:, None]  # [B, 1]
     ids = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _signed(_GOLDEN)
     return _srl(_mix(key + ids[None, :]), 11)
 

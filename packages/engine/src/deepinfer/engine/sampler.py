@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .sample_noise import exponential_noise
+from . import sample_race
+from .sample_noise import exponential_noise, row_keys
 from .sampling_params import SamplingParams
 
 _SEED_MULT = 1_000_003
@@ -99,18 +100,28 @@ def sample_tensor(
     sub = [params[i] for i in rows]
     index = torch.tensor(rows, dtype=torch.int64, device=dev)
     scores = logits.index_select(0, index) / _column([p.temperature for p in sub], dev)
-    scores = _top_k(scores, [p.top_k if 0 < p.top_k < vocab else 0 for p in sub])
+    kth = _kth(scores, [p.top_k if 0 < p.top_k < vocab else 0 for p in sub])
     for j, p in enumerate(sub):
-        if p.top_p < 1.0:  # rounds (softmax, cumsum): on this row alone, so its shapes never depend on the batch
-            scores[j] = _apply_top_p(scores[j], p.top_p)
+        if p.top_p < 1.0:  # rounds (softmax, cumsum): on this row alone, so its shapes never depend on the batch;
+            row = scores[j].masked_fill(scores[j] < kth[j], -math.inf)  # top-p renormalises over the top-k set
+            scores[j] = _apply_top_p(row, p.top_p)
+    # One threshold per row: top-k drops scores below the k-th largest, min-p those below s_max + log(min_p)
+    # (p_i >= min_p * p_max, no normalisation needed); neither drops the row's largest score, so applying both as
+    # one `scores >= thr` equals masking one after the other (and s_max is the same before and after top-k / top-p).
+    thr = kth
     if any(p.min_p > 0.0 for p in sub):
-        # p_i >= min_p * p_max  <=>  s_i >= s_max + log(min_p): no normalisation needed.
         logs = _column([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in sub], dev)
-        scores = scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True) + logs, -math.inf)
-    noise = exponential_noise([row_seed(seeds[i], steps[i]) for i in rows], vocab, dev)
-    # Clamp so a masked token stays at -inf (-inf - log(0) would be NaN, which argmax would pick).
-    race = scores.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log()
-    return best.index_copy(0, index, torch.argmax(race, dim=-1))
+        thr = torch.maximum(thr, scores.amax(dim=-1, keepdim=True) + logs)
+    row_seeds = [row_seed(seeds[i], steps[i]) for i in rows]
+    if sample_race.available(scores):  # the race in one launch (same picks: tests/test_sample_noise.py)
+        picked = sample_race.race_argmax(scores, thr.view(-1).contiguous(), row_keys(row_seeds, dev))
+    else:
+        scores = scores.masked_fill(scores < thr, -math.inf)
+        noise = exponential_noise(row_seeds, vocab, dev)
+        # Clamp so a masked token stays at -inf (-inf - log(0) would be NaN, which argmax would pick).
+        race = scores.double() - noise.clamp_min(torch.finfo(torch.float64).tiny).log()
+        picked = torch.argmax(race, dim=-1)
+    return best.index_copy(0, index, picked)
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
@@ -118,16 +129,15 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
 
 
-def _top_k(scores: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """Mask (to -inf) every score below its row's ks[j]-th largest (ks[j] = 0: no filter). Exact: topk selects."""
+def _kth(scores: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """float32 [B, 1]: each row's ks[j]-th largest score, -inf where ks[j] = 0 (no top-k). Exact: topk selects."""
     k_max = max(ks)
     if k_max == 0:
-        return scores
+        return torch.full((scores.shape[0], 1), -math.inf, dtype=scores.dtype, device=scores.device)
     top = torch.topk(scores, k_max, dim=-1).values  # [B, k_max], each row descending
     k = torch.tensor(ks, dtype=torch.int64, device=scores.device)[:, None]
     kth = top.gather(1, (k - 1).clamp_min(0))
-    kth = torch.where(k > 0, kth, torch.full_like(kth, -math.inf))
-    return scores.masked_fill(scores < kth, -math.inf)
+    return torch.where(k > 0, kth, torch.full_like(kth, -math.inf))
 
 
 def _check_inputs(
