@@ -9,12 +9,11 @@ CPU index_add_ bits.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
-for _p in ("engine", "kernelkit", "tile_kernels"):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / _p / "src"))
+from gpu_script import add_src_paths, gpu_main
+
+add_src_paths("engine", "kernelkit", "tile_kernels")
 
 import torch  # noqa: E402
 
@@ -30,6 +29,15 @@ def _pairs(t: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torc
     return tok, torch.randn(t * K, H, generator=g).bfloat16(), torch.rand(t * K, generator=g) + 0.01
 
 
+def _impls(t: int, tok: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> dict:
+    """name -> zero-argument call of each combine on the GPU copies of one case."""
+    return {
+        "combine_weighted": lambda: combine_weighted(t, tok, y, w),
+        "combine_rows": lambda: combine_rows(t, tok, y.float() * w[:, None]),
+        "index_add_atomic": lambda: torch.zeros(t, H, device="cuda").index_add_(0, tok, y.float() * w[:, None]),
+    }
+
+
 def run(out: str | None) -> list[dict]:
     import kernelkit as kk
 
@@ -38,16 +46,7 @@ def run(out: str | None) -> list[dict]:
     for t in (32, 256, 4096):
         tok, y, w = _pairs(t, g)
         want = torch.zeros(t, H).index_add_(0, tok, y.float() * w[:, None])
-        tc, yc, wc = tok.cuda(), y.cuda(), w.cuda()
-        impls = {
-            "combine_weighted": lambda: combine_weighted(t, tc, yc, wc),  # noqa: B023
-            "combine_rows": lambda: combine_rows(t, tc, yc.float() * wc[:, None]),  # noqa: B023
-            "index_add_atomic": lambda: torch.zeros(t, H, device="cuda").index_add_(  # noqa: B023
-                0,
-                tc,
-                yc.float() * wc[:, None],  # noqa: B023
-            ),
-        }
+        impls = _impls(t, tok.cuda(), y.cuda(), w.cuda())
         for name, fn in impls.items():
             res = fn()
             us = float(kk.bench_cuda(fn, mode="events")["median_us"])
@@ -61,15 +60,5 @@ def run(out: str | None) -> list[dict]:
     return recs
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        ap.error("GPU only")
-    run(args.out)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gpu_main(__doc__, run))

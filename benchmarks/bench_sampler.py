@@ -8,13 +8,12 @@ records whether both paths pick the same tokens.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
 
-for _p in ("engine", "kernelkit", "tile_kernels"):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / _p / "src"))
+from gpu_script import add_src_paths, gpu_main
+
+add_src_paths("engine", "kernelkit", "tile_kernels")
 
 import torch  # noqa: E402
 
@@ -63,15 +62,5 @@ def run(out: str | None) -> list[dict]:
     return recs
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        ap.error("GPU only")
-    run(args.out)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gpu_main(__doc__, run))
