@@ -4,9 +4,11 @@ Session 8: `cuda_rs2s4n256` runs ~0.55x the FP8 grouped API at 1,024 tokens per 
 consumers' instructions gained 0-1 % (not issue-bound). Each ablation build (backends/cuda/cuda_w4a8_rs_ablate.py,
 csrc/cuda/dg_w4a8_rs.cuh kAblate) removes one part of the consumers' work; their outputs are WRONG and not compared.
 Rows per case (256 experts x 1,024 tokens, gate+up (n, k) = (4096, 4096) and down (4096, 2048)): the FP8 grouped
-API (the goal's baseline), `cuda_rs2s4n256` through the W4A8 API and launched directly (rs2s4n256_direct), then abl_A_noconv (no FP4 -> e4m3 conversion),
-abl_B_nopromo (no promotion), abl_C_nowgmma (no wgmma), abl_D_prodonly (the producer's feed alone), abl_E_mmafeed
-(A + B: wgmma + feed only). Every row: TFLOPS-equivalent (the GEMM's FLOP count / time), x_fp8_api, x_rs2s4n256.
+API (the goal's baseline), `cuda_rs2s4n256` through the W4A8 API and launched directly (rs2s4n256_direct), then
+abl_A_noconv (no FP4 -> e4m3 conversion), abl_B_nopromo (no promotion), abl_C_nowgmma (no wgmma), abl_D_prodonly
+(the producer's feed alone), abl_E_mmafeed (A + B: wgmma + feed only), abl_F_nostore (no epilogue stores),
+abl_G_noffma (no promotion FFMAs but tmp and the per-half waits kept: B - G = the drain between the halves).
+Every row: TFLOPS-equivalent (the GEMM's FLOP count / time), x_fp8_api, x_rs2s4n256.
 
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_ablate.py --out RESULT.json   # H200, < 60 s
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_ablate.py --smoke             # CPU, tiny (no ablation rows)
@@ -110,7 +112,9 @@ def table(path: str) -> str:
             rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | |")
             continue
         xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_rs2s4n256"))
-        rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops_equiv']:.1f} | {xs} |")
+        rows.append(
+            f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops_equiv']:.1f} | {xs} |"
+        )
     return "\n".join(rows)
 
 

@@ -66,7 +66,19 @@ constexpr int kRelMid = 4;  // kFold block mode: codes relative to the block's s
 //   kAblProdOnly (D): consumers only wait full / arrive empty per block (+ the epilogue's stores of zeros): the
 //                     producer's cp.async feed rate of the ring.
 //   A | B        (E): wgmma + feed only: the ceiling of this structure.
-constexpr int kAblNoConv = 1, kAblNoPromo = 2, kAblNoMma = 4, kAblProdOnly = 8;
+//   kAblNoStore  (F): the epilogue stores nothing (acc kept alive by an empty asm): the epilogue's cost.
+//   kAblNoFfma   (G): the promotion FFMAs skipped, but tmp and the per-half commit / wait kept: splits B's gain into
+//                     the FFMAs' issue cost (G) and the tensor-core drain between the two halves (B - G).
+constexpr int kAblNoConv = 1, kAblNoPromo = 2, kAblNoMma = 4, kAblProdOnly = 8, kAblNoStore = 16, kAblNoFfma = 32;
+
+// kAblNoStore: no instruction, but every accumulator counts as used; zeroes acc as rs_store does.
+__device__ __forceinline__ void rs_sink(float* acc) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    asm volatile("" ::"f"(acc[i]));
+    acc[i] = 0.f;
+  }
+}
 
 // kAblNoMma: no instruction, but d depends on a (as after a wgmma), so nothing upstream is deleted.
 __device__ __forceinline__ void rs_fake_wgmma(float* d, const uint32_t* a) {
@@ -374,10 +386,12 @@ __device__ __forceinline__ uint32_t rs_block(float (*acc)[64], float* tmp, uint8
         wg_commit();
         wg_wait0();
         reg_fence<64>(tmp);
-        if (fold) {
-          rs_promote_fa(acc[h], tmp, fa_s + 128 * h);
-        } else {
-          rs_promote(acc[h], tmp, fa_s + 128 * h, fw0, fw1);
+        if constexpr ((kAblate & kAblNoFfma) == 0) {
+          if (fold) {
+            rs_promote_fa(acc[h], tmp, fa_s + 128 * h);
+          } else {
+            rs_promote(acc[h], tmp, fa_s + 128 * h, fw0, fw1);
+          }
         }
       }
     }
@@ -448,7 +462,11 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
     if (++ckb == kblocks) {
 #pragma unroll
       for (int h = 0; h < L::kHalves; ++h) {
-        rs_store<kFold>(p, ctile, acc[h], rl, 128 * h, rs_epi_factor(epi, false), rs_epi_factor(epi, true));
+        if constexpr ((kAblate & kAblNoStore) != 0) {
+          rs_sink(acc[h]);
+        } else {
+          rs_store<kFold>(p, ctile, acc[h], rl, 128 * h, rs_epi_factor(epi, false), rs_epi_factor(epi, true));
+        }
       }
       ckb = 0;
       ++ct;

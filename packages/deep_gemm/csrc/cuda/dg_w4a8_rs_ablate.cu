@@ -56,7 +56,7 @@ int abl_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg)
 }  // namespace
 
 std::vector<int> w4a8_rs_ablate_masks() {
-  return {kAblNoConv, kAblNoPromo, kAblNoMma, kAblProdOnly, kAblNoConv | kAblNoPromo};
+  return {kAblNoConv, kAblNoPromo, kAblNoMma, kAblProdOnly, kAblNoConv | kAblNoPromo, kAblNoStore, kAblNoFfma};
 }
 
 int w4a8_rs_ablate_launch(int mask, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t packed, std::uintptr_t scales,
@@ -81,6 +81,8 @@ int w4a8_rs_ablate_launch(int mask, std::uintptr_t a, std::uintptr_t sfa, std::u
     case kAblNoMma: return abl_launch<kAblNoMma>(p, ctas, s, msg);
     case kAblProdOnly: return abl_launch<kAblProdOnly>(p, ctas, s, msg);
     case kAblNoConv | kAblNoPromo: return abl_launch<kAblNoConv | kAblNoPromo>(p, ctas, s, msg);
+    case kAblNoStore: return abl_launch<kAblNoStore>(p, ctas, s, msg);
+    case kAblNoFfma: return abl_launch<kAblNoFfma>(p, ctas, s, msg);
     default: return -1;
   }
 }

@@ -9,7 +9,8 @@
 
 namespace dg_w4a8 {
 
-// The compiled ablation masks (kAblNoConv = 1, kAblNoPromo = 2, kAblNoMma = 4, kAblProdOnly = 8; 3 = 1 | 2).
+// The compiled ablation masks (kAblNoConv = 1, kAblNoPromo = 2, kAblNoMma = 4, kAblProdOnly = 8, 3 = 1 | 2,
+// kAblNoStore = 16, kAblNoFfma = 32).
 std::vector<int> w4a8_rs_ablate_masks();
 
 // Launches cuda_rs2s4n256 with ablation `mask` on the same operands as w4a8_grouped_launch (ctas <= 0: one per SM).

@@ -10,6 +10,8 @@ launches them. Names -> kAblate masks in `ABLATIONS`:
     abl_C_nowgmma  4  no wgmma (conversion + promotion kept alive through an empty asm with the wgmma's operands)
     abl_D_prodonly 8  consumers only wait full / arrive empty per block (+ the epilogue's stores): the feed rate
     abl_E_mmafeed  3  A + B: wgmma + feed only (the ceiling of this structure)
+    abl_F_nostore 16  the epilogue stores nothing (the epilogue's cost)
+    abl_G_noffma  32  the promotion FFMAs skipped, tmp and the per-half wait kept (B - G: the drain between halves)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ ABLATIONS: dict[str, int] = {
     "abl_C_nowgmma": 4,
     "abl_D_prodonly": 8,
     "abl_E_mmafeed": 3,
+    "abl_F_nostore": 16,
+    "abl_G_noffma": 32,
 }
 
 
