@@ -171,11 +171,15 @@ def test_variant_names_round_trip() -> None:
 def test_variant_list_in_sync_with_cu() -> None:
     """kEntries: DG_W4A8_VARIANT(wg, stages, rel), DG_W4A8_WS_VARIANT(stages, pipe) (= (2, stages, 2 + pipe)) and
     DG_W4A8_RS_VARIANT(stages, tokens) (= (2, stages, 4 / 5 for 128 / 256 tokens)), DG_W4A8_RSF_VARIANT(stages,
-    tokens) (= (2, stages, 6 / 7)), DG_W4A8_RSFC_VARIANT(stages) (= (2, stages, 8))."""
+    tokens) (= (2, stages, 6 / 7)), DG_W4A8_RSFC_VARIANT(stages) (= (2, stages, 8)), DG_W4A8_RSE_VARIANT(stages,
+    tokens) (= (2, stages, 9 / 10 for 256 / 128 tokens))."""
     pat = (r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)|DG_W4A8_WS_VARIANT\((\d+),\s*(\d+)\)"
-           r"|DG_W4A8_RS(F?)_VARIANT\((\d+),\s*(\d+)\)|DG_W4A8_RSFC_VARIANT\((\d+)\)")  # fmt: skip
+           r"|DG_W4A8_RS(F?)_VARIANT\((\d+),\s*(\d+)\)|DG_W4A8_RSFC_VARIANT\((\d+)\)"
+           r"|DG_W4A8_RSE_VARIANT\((\d+),\s*(\d+)\)")  # fmt: skip
 
     def entry(t: tuple[str, ...]) -> tuple[int, int, int]:
+        if t[9]:
+            return (2, int(t[9]), 9 if t[10] == "256" else 10)
         if t[8]:
             return (2, int(t[8]), 8)
         if t[6]:
@@ -407,8 +411,8 @@ def test_gpu_api_impl_choice(impl: str, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_auto_picks_by_rows_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Default ("auto" = "rows"): Triton below 64 rows per group, cuda_wg1s4 from 64, cuda_rs2s4n256 from 256 (session 8);
-    an explicit impl or a Triton `config` wins; `expected_m` is the rows hint."""
+    """Default ("auto" = "rows"): Triton below 64 rows per group, cuda_wg1s4 from 64, cuda_rs2s4n256 from 256
+    (session 8); an explicit impl or a Triton `config` wins; `expected_m` is the rows hint."""
     from deepinfer.deep_gemm import api_w4a8 as api
 
     monkeypatch.delenv(IMPL_ENV, raising=False)

@@ -35,6 +35,8 @@ BASE = (2, 4, 0)  # cuda_wg2s4: the same 128 x 128 tiles, conversion and promoti
 BASE_REL = (2, 4, 1)  # cuda_wg2s4r: the folded variants' row-reference numerics
 FOLD = tuple(v for v in RS if v[2] in (6, 7, 8))
 CHEAP, CHEAP_TWIN = (2, 4, 8), (2, 4, 7)  # cuda_rs2s4n256fc: the same arithmetic as cuda_rs2s4n256f
+# the fast-epilogue variants and their twins (same kernel, rs_store's per-element stores): bit-equal by construction
+EPI_TWINS = {(2, 4, 9): (2, 4, 5), (2, 4, 10): (2, 4, 4)}
 
 
 def _base(variant: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -44,8 +46,9 @@ def _base(variant: tuple[int, int, int]) -> tuple[int, int, int]:
 def test_rs_names() -> None:
     assert [cw.variant_name(v) for v in RS] == [
         "cuda_rs2s4", "cuda_rs2s6", "cuda_rs2s4n256", "cuda_rs2s3n256", "cuda_rs2s4f", "cuda_rs2s4n256f",
-        "cuda_rs2s3n256f", "cuda_rs2s4n256fc",
+        "cuda_rs2s3n256f", "cuda_rs2s4n256fc", "cuda_rs2s4n256e", "cuda_rs2s4e",
     ]  # fmt: skip
+    assert cw.parse_variant("cuda_rs2s4n256e") == (2, 4, 9) and cw.parse_variant("cuda_rs2s4e") == (2, 4, 10)
     assert cw.parse_variant("cuda_rs2s4") == (2, 4, 4)
     assert cw.parse_variant("cuda_rs2s4n256f") == (2, 4, 7)
     assert cw.parse_variant("cuda_rs2s4f") == (2, 4, 6)
@@ -176,6 +179,45 @@ def test_rs_cheap_conversion_model() -> None:
         for sel in (0x5410, 0x7632):
             old = _byte_perm(word[1] if hiw else word[0], word[3] if hiw else word[2], sel)
             assert _prmt(word[1 if hiw else 0], word[3 if hiw else 2], sel) == old
+
+
+def test_rs_epilogue_staging_model() -> None:
+    """kEpi (rs_store_smem): a Python model of one consumer warpgroup's staging. Every thread's acc[4 j + e] (weight
+    row 16 warp + lane / 4 + 8 (e >> 1), token 8 j + 2 (lane % 4) + (e & 1)) packed in pairs into the stmatrix.x4.trans
+    registers, each lane's row address as the kernel computes it, the PTX transpose (element (row R, col C) of matrix
+    i -> the address lane 8 i + C gives + 2 R); then the read-out (thread tid: token it * 16 + tid / 8, chunk tid % 8,
+    swizzled) must see weight rows 8 c .. 8 c + 7 of that token in order. Also: each 8-address phase of a stmatrix and
+    of the read-out touches 8 distinct 16-byte bank groups (conflict-free), and every byte is written once."""
+    buf: dict[int, tuple[int, int]] = {}
+    for warp in range(4):
+        for j in range(0, 16, 2):
+            regs, addrs = {}, {}
+            for lane in range(32):
+                q, mi, r = lane & 3, lane >> 3, lane & 7
+                acc = {4 * jj + e: (16 * warp + (lane >> 2) + 8 * (e >> 1), 8 * jj + 2 * q + (e & 1))
+                       for jj in (j, j + 1) for e in range(4)}  # fmt: skip
+                regs[lane] = [(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]) for i in range(4)]  # pack(lo, hi)
+                addrs[lane] = (8 * (mi >> 1) + r) * 128 + (((2 * warp + (mi & 1)) ^ r) << 4) + j * 8 * 128
+            for i in range(4):
+                assert len({(addrs[8 * i + c] // 16) % 8 for c in range(8)}) == 8  # conflict-free phase
+                for lane in range(32):
+                    row, col = lane >> 2, 2 * (lane & 3)
+                    for h in range(2):
+                        a = addrs[8 * i + col + h] + 2 * row
+                        assert a not in buf, a
+                        buf[a] = regs[lane][i][h]
+    assert len(buf) == 128 * 64
+    for tid in range(128):
+        for it in range(8):
+            t, c = it * 16 + (tid >> 3), tid & 7
+            off = t * 128 + ((c ^ (t & 7)) << 4)
+            assert [buf[off + 2 * i] for i in range(8)] == [(8 * c + i, t) for i in range(8)], (tid, it)
+    for it in range(8):
+        for w in range(4):
+            for ph in range(4):  # 8 threads = one token row: its 8 chunks
+                tids = [32 * w + 8 * ph + x for x in range(8)]
+                offs = [(it * 16 + (t >> 3)) * 128 + (((t & 7) ^ ((it * 16 + (t >> 3)) & 7)) << 4) for t in tids]
+                assert len({(o // 16) % 8 for o in offs}) == 8
 
 
 def test_rs_sm90_compile() -> None:
@@ -323,6 +365,53 @@ def test_gpu_rs_cheap_bit_equal(kind: str) -> None:
     got, twin = _run_cuda(ops, CHEAP, counts), _run_cuda(ops, CHEAP_TWIN, counts)
     ne = int((got.view(torch.int16) != twin.view(torch.int16)).sum())
     assert ne == 0, f"cuda_rs2s4n256fc vs cuda_rs2s4n256f ({kind}): {ne}/{got.numel()} bf16 values differ"
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("variant", list(EPI_TWINS), ids=cw.variant_name)
+@pytest.mark.parametrize(
+    ("counts", "n", "k", "ctas", "sb"),
+    [
+        ([3, 0, 130, 64, 1, 300], 256, 512, 0, None),  # empty group, ragged groups, > 256 rows in one group
+        ([200, 17, 0], 192, 256, 3, None),  # n tail tile (chunks past n), few CTAs, trailing empty group
+        ([5, 9, 140, 513], 384, 1024, 0, (30, 200)),  # adversarial scales (the per-32 path)
+        ([70, 5, 131], 256, 512, 1, (1, 40)),  # tiny scales (subnormal factors), one CTA walks every tile
+        ([256] * 4, 512, 2048, 0, None),  # full tiles
+    ],
+)
+def test_gpu_rs_epi_bit_equal(variant, counts: list[int], n: int, k: int, ctas: int, sb) -> None:
+    """The fast epilogue stores the same bf16 bits as its twin (cvt.rn.bf16x2 = two cvt.rn.bf16): BIT-equal over the
+    whole out (rows past offs stay NaN in both; a NaN scale byte gives the same NaN pattern), vs float64 too."""
+    g = gen(sum(counts) + n + 3 * k)
+    ops = _operands(counts, n, k, g) if sb is None else _operands(counts, n, k, g, sb)
+    if sb is None:
+        ops[3][len(counts) - 1 if counts[-1] else 0, 7, 1] = 255  # a NaN column in one group
+    got, twin = _run_cuda(ops, variant, counts, ctas), _run_cuda(ops, EPI_TWINS[variant], counts, ctas)
+    nan_same = torch.equal(got.isnan(), twin.isnan())  # (NaN positions: both cvt.rn forms give the canonical NaN)
+    ne = int(((got.view(torch.int16) != twin.view(torch.int16)) & ~(got.isnan() & twin.isnan())).sum())
+    assert ne == 0 and nan_same, (
+        f"{cw.variant_name(variant)} vs {cw.variant_name(EPI_TWINS[variant])} counts={counts} n={n} k={k} "
+        f"ctas={ctas} sb={sb}: {ne}/{got.numel()} bf16 values differ, NaN pattern equal={nan_same}"
+    )
+    assert got[sum(counts) :].isnan().all(), "rows past offs[-1] were written"
+    if sb is None:
+        keep = [c for c in range(n) if c != 7]
+        a, sfa, packed, scales, offs = ops
+        sub = (a, sfa, packed[:, keep].contiguous(), scales[:, keep].contiguous(), offs)
+        _check(got[:, keep].contiguous(), sub, counts, f"{cw.variant_name(variant)} counts={counts}")
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_rs_epi_misaligned_out() -> None:
+    """The fast epilogue's 16-byte stores need a 16-byte aligned out: a clear ValueError, not a fault."""
+    counts = [8]
+    a, sfa, packed, scales, offs = (t.cuda() for t in _operands(counts, 128, 128, gen(5), extra_rows=0))
+    flat = torch.empty(8 * 128 + 1, dtype=torch.bfloat16, device="cuda")
+    out = flat[1:].view(8, 128)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        cw.m_grouped_fp8_fp4_gemm_nt_offsets_cuda(a, sfa, packed, scales, offs, out, (2, 4, 9))
 
 
 @pytest.mark.gpu

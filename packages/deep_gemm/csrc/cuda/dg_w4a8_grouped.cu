@@ -130,6 +130,11 @@ int smem_of_rs(int g) {
 #define DG_W4A8_RSFC_VARIANT(NS) \
   Entry { {2, NS, 8}, &launch_rs<NS, 256, 2>, &smem_of_rs<NS, 256, 2> }
 
+// Schemes 9 / 10 ("rs ... e"): 4 / 5 with the fast epilogue (bf16x2 conversion, stmatrix-transposed staging in
+// shared memory, 16-byte coalesced stores; bit-equal to 4 / 5). 9: 256-token tiles, 10: 128.
+#define DG_W4A8_RSE_VARIANT(NS, TOK) \
+  Entry { {2, NS, TOK == 256 ? 9 : 10}, &launch_rs<NS, TOK, kRsEpi>, &smem_of_rs<NS, TOK, kRsEpi> }
+
 #define DG_W4A8_VARIANT(WG, NS, REL) \
   Entry { {WG, NS, REL}, &launch<WG, NS, REL>, &smem_of<WG, NS, REL> }
 
@@ -152,6 +157,8 @@ const Entry kEntries[] = {
     DG_W4A8_RSF_VARIANT(4, 256),  //
     DG_W4A8_RSF_VARIANT(3, 256),  //
     DG_W4A8_RSFC_VARIANT(4),      // + the cheaper conversion (256-token tiles)
+    DG_W4A8_RSE_VARIANT(4, 256),  // 5 + the fast epilogue (staged, coalesced 16-byte stores)
+    DG_W4A8_RSE_VARIANT(4, 128),  // 4 + the fast epilogue
 #endif
 };
 
@@ -184,12 +191,13 @@ int w4a8_grouped_launch(int wg, int stages, int rel, std::uintptr_t a, std::uint
   const Entry* e = find(wg, stages, rel);
   if (e == nullptr) return -1;
   if (m < 0 || n <= 0 || n % 16 != 0 || k <= 0 || k % kBK != 0 || g < 1 || g > kMaxGroups ||
-      ((rel == 1 || rel >= 6) && (sref == 0 || sref % 16 != 0))) {
-    char buf[200];
+      ((rel == 1 || (rel >= 6 && rel <= 8)) && (sref == 0 || sref % 16 != 0)) ||
+      ((rel == 9 || rel == 10) && out % 16 != 0)) {
+    char buf[320];
     std::snprintf(buf, sizeof(buf),
-                  "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s (k %% 128, n %% 16, 1 <= g <= %d, a 16-byte "
-                  "aligned sref workspace when rel)",
-                  m, n, k, g, rel, sref == 0 ? "null" : "set", kMaxGroups);
+                  "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s out%%16=%d (k %% 128, n %% 16, 1 <= g <= %d, a "
+                  "16-byte aligned sref workspace when rel, a 16-byte aligned out for rel 9 / 10)",
+                  m, n, k, g, rel, sref == 0 ? "null" : "set", (int)(out % 16), kMaxGroups);
     g_last_error = buf;
     return -2;
   }

@@ -42,6 +42,16 @@
 // (m * 0x01010101 - sc: no borrows since m >= every s_j) and each is extracted with one PRMT, and the nibble masks
 // are shared by both halves of an 8-code word (PRMT reads only the low 16 selector bits).
 //
+// kEpi ("rs ... e", schemes 9 / 10): the fast epilogue. The baseline (rs_store) converts and stores every element on
+// its own (a 2-byte scattered st.global each); ablation F (no stores) measured it at ~46 % of the kernel's time.
+// rs_store_smem converts pairs with cvt.rn.bf16x2.f32 (the same round-to-nearest-even per element as
+// __float2bfloat16_rn: bit-equal output), writes the 64-row x 128-token fragment set of a consumer warpgroup
+// transposed into its own 16 KiB staging buffer with stmatrix.m8n8.x4.trans (token rows of 128 bytes, 16-byte chunks
+// XOR-swizzled by token % 8: conflict-free), syncs that warpgroup only (named barrier 2 + cw), then stores 16-byte
+// chunks of whole token rows (8 threads = one 128-byte row: coalesced), skipping tokens past the group end and
+// chunks past n. The staging buffers (2 x 16 KiB) sit after the largest group prefix (RsLayout::kEpiBuf): the ring,
+// LUT, barriers and prefix keep their offsets, so the producer and the LUT / barrier code are the same.
+//
 // Registers: a consumer holds acc 64 (kTok 256: 128) + tmp 64 fp32 + 16 fragment registers (all four slices of a
 // block stay live until the block's last wait): setmaxnreg moves registers from the producer to the consumers
 // (RsLayout::kProdRegs / kConsRegs).
@@ -86,8 +96,8 @@ __device__ __forceinline__ void rs_fake_wgmma(float* d, const uint32_t* a) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]));
 }
 
-template <int kStages, int kTok = 128, bool kFold = false>
-struct RsLayout {  // (kCheap does not change the layout)
+template <int kStages, int kTok = 128, bool kFold = false, bool kEpi = false>
+struct RsLayout {  // (kCheap does not change the layout; kEpi only appends the staging buffers)
   static_assert(kTok == 128 || kTok == 256, "token tile: one or two wgmma n128 halves");
   static constexpr int kBM = kTok;               // tokens per tile (kTok / 128 wgmma n128 halves)
   static constexpr int kHalves = kTok / 128;
@@ -107,7 +117,10 @@ struct RsLayout {  // (kCheap does not change the layout)
   static constexpr int kBar = kLut + 128;        // uint64 full[S], empty[S]
   static constexpr int kScan = kBar + 16 * kStages;
   static constexpr int kPrefix = kScan + 64;     // int [g + 1]
-  static constexpr int bytes(int g) { return kPrefix + 4 * (g + 1) + 1024; }
+  // kEpi: two consumer warpgroups' bf16 staging [128 tokens][64 weight rows] (16 KiB each), after the largest prefix
+  static constexpr int kEpiBuf = (kPrefix + 4 * (kMaxGroups + 1) + 1023) / 1024 * 1024;
+  static constexpr int kEpiBytes = 2 * 128 * 64 * 2;
+  static constexpr int bytes(int g) { return kEpi ? kEpiBuf + kEpiBytes + 1024 : kPrefix + 4 * (g + 1) + 1024; }
 };
 
 // Byte offset of 16-byte chunk c (= k32 slice c: 32 codes) of packed weight row r in a stage.
@@ -328,6 +341,61 @@ __device__ __forceinline__ void rs_store(const Params& p, const Tile& tile, floa
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 }
 
+// cvt.rn.bf16x2.f32: {lo, hi} rounded to nearest even as __float2bfloat16_rn each (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// Four 8 x 8 b16 matrices stored transposed: lane L gives the shared address of row L % 8 of matrix L / 8 (after the
+// transpose: the matrix's column L % 8), r_i holds matrix i in the mma accumulator fragment layout.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Named barrier of consumer warpgroup cw only (ids 2, 3; 0 = __syncthreads, 1 = the producer's).
+__device__ __forceinline__ void consumer_wg_sync(int cw) {
+  if (cw == 0) {  // (immediate ids: ptxas then reserves only the barriers used)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  }
+}
+
+// kEpi: rs_store's values (same bf16 bits) through the warpgroup's staging buffer buf [128 tokens][128 bytes]
+// (16-byte chunk c of token t at t * 128 + ((c ^ (t % 8)) << 4); chunk c = weight rows 8 c .. 8 c + 7 of the
+// consumer's 64), then 16-byte coalesced stores of whole token rows; zeroes acc. cw: the consumer warpgroup.
+template <bool kFold>
+__device__ __forceinline__ void rs_store_smem(const Params& p, const Tile& tile, float* acc, uint8_t* buf, int cw,
+                                              int tok0, float fe0, float fe1) {
+  const int tid = threadIdx.x & 127, lane = tid & 31, warp = tid >> 5, mi = lane >> 3, r = lane & 7;
+  // matrix mi of step j: tokens 8 (j + mi / 2) .., weight rows 16 warp + 8 (mi % 2) .. (acc[4 j + 4 (mi / 2) +
+  // 2 (mi % 2) + {0, 1}]); this lane addresses its token row 8 (mi / 2) + r (+ 8 j), chunk 2 warp + mi % 2
+  const uint32_t base = smem_u32(buf) + (8 * (mi >> 1) + r) * 128 + (((2 * warp + (mi & 1)) ^ r) << 4);
+  consumer_wg_sync(cw);  // every thread's reads of the previous pass are done
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = kFold ? acc[4 * j + i] * ((i & 2) ? fe1 : fe0) : acc[4 * j + i];
+    stmatrix_x4_trans(base + j * 8 * 128, pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
+                      pack_bf16x2(v[6], v[7]));
+  }
+  consumer_wg_sync(cw);  // the tile is staged
+  const int col = tile.n0 + 64 * cw + 8 * (tid & 7);  // n % 16 == 0: a chunk is all in or all past n
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    const int t = it * 16 + (tid >> 3), tok = tile.row0 + tok0 + t;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + t * 128 + (((tid & 7) ^ (t & 7)) << 4));
+    if (tok < tile.rend && col < p.n) *reinterpret_cast<uint4*>(p.out + (size_t)tok * p.n + col) = v;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+}
+
 // One k-block of a stage: fast (one tmp per token half over the four slices, promoted once) or slow (per-32
 // promotion). acc: kHalves x 64 (token half h: tokens 128 h ..); the A fragments are converted once for all halves.
 // kFold: returns the epilogue word (s_ref of row rl | s_ref of rl + 8 << 8 | 1 << 16 in the row-reference modes;
@@ -432,7 +500,7 @@ __device__ __forceinline__ float rs_epi_factor(uint32_t epi, bool hi) {
   return (epi >> 16) ? pow2_scale((epi >> (hi ? 8 : 0)) & 0xffu) : 1.f;
 }
 
-template <int kStages, int kTok, bool kFold, bool kCheap, int kAblate = 0>
+template <int kStages, int kTok, bool kFold, bool kCheap, int kAblate = 0, bool kEpi = false>
 __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                             int n_tiles) {
   using L = RsLayout<kStages, kTok, kFold>;
@@ -464,6 +532,9 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
       for (int h = 0; h < L::kHalves; ++h) {
         if constexpr ((kAblate & kAblNoStore) != 0) {
           rs_sink(acc[h]);
+        } else if constexpr (kEpi) {
+          rs_store_smem<kFold>(p, ctile, acc[h], smem + RsLayout<kStages, kTok, kFold, true>::kEpiBuf + cw * 16384,
+                               cw, 128 * h, rs_epi_factor(epi, false), rs_epi_factor(epi, true));
         } else {
           rs_store<kFold>(p, ctile, acc[h], rl, 128 * h, rs_epi_factor(epi, false), rs_epi_factor(epi, true));
         }
@@ -475,9 +546,11 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
   }
 }
 
-template <int kStages, int kTok, bool kFold = false, bool kCheap = false, int kAblate = 0>
+template <int kStages, int kTok, bool kFold = false, bool kCheap = false, int kAblate = 0, bool kEpi = false>
 __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
-  using L = RsLayout<kStages, kTok, kFold>;
+  using L = RsLayout<kStages, kTok, kFold>;  // (kEpi: the same offsets, staging appended)
+  static_assert(!kEpi || L::kEpiBuf + L::kEpiBytes + 1024 <= 227 * 1024, "the staging buffers do not fit beside this ring");
+  static_assert(!kEpi || kAblate == 0, "the fast epilogue is not an ablation build");
   static_assert(kStages >= 3, "the ring needs >= 3 stages (one loading, one ready, one consumed)");
   static_assert(kAblate == 0 || (!kFold && !kCheap), "the diagnostic ablations are built on the absolute scheme only");
   extern __shared__ uint8_t smem_raw[];
@@ -507,7 +580,7 @@ __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
     rs_producer<kStages, kTok, kFold>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::kConsRegs) : "memory");
-    rs_consumer<kStages, kTok, kFold, kCheap, kAblate>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+    rs_consumer<kStages, kTok, kFold, kCheap, kAblate, kEpi>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

@@ -9,9 +9,9 @@ the PyTorch reference unless DEEPINFER_DEEP_GEMM_BACKEND=triton (needs TRITON_IN
 
 Compiled kernel (`backends/cuda/cuda_w4a8_grouped.py`, FP8 wgmma, the compute-bound path): the default ("auto" =
 DEFAULT_IMPL "rows") runs it from CUDA_MIN_ROWS rows per group (cuda_wg1s4; from RS_MIN_ROWS the register-operand
-cuda_rs2s4n256, bit-equal to cuda_wg2s4), Triton below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" / "cuda_wg2s4r"), or env
-DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..|triton, forces a choice. It runs on CUDA tensors when `_C` has it and the
-operands fit (else the Triton path).
+cuda_rs2s4n256, bit-equal to cuda_wg2s4), Triton below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" /
+"cuda_wg2s4r"), or env DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..|triton, forces a choice. It runs on CUDA tensors when
+`_C` has it and the operands fit (else the Triton path).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ consumers, 'cuda_wsp2s4'). rel = 4: the register-operand kernel (`csrc/cuda/dg_w
 are the wgmma's A operand from registers, never written to shared memory; 'cuda_rs2s4', 'cuda_rs2s6'; rel = 5: the same
 kernel with 256-token tiles, 'cuda_rs2s4n256', 'cuda_rs2s3n256'; rel = 6 / 7: rs (128 / 256-token tiles) with
 row-reference scales folded as rel = 1, 'cuda_rs2s4f', 'cuda_rs2s4n256f', 'cuda_rs2s3n256f'; rel = 8: 7 + a cheaper
-FP4 -> e4m3 conversion (same bytes), 'cuda_rs2s4n256fc'). rel = 1:
+FP4 -> e4m3 conversion (same bytes), 'cuda_rs2s4n256fc'; rel = 9 / 10: rel 5 / 4 with the fast epilogue (the tile staged
+transposed in shared memory by stmatrix, 16-byte coalesced stores; bit-equal), 'cuda_rs2s4n256e', 'cuda_rs2s4e'; `out`
+must be 16-byte aligned there). rel = 1:
 row-reference scales (a pre-pass kernel writes each weight row's largest scale byte into a uint16 [g, n] workspace,
 allocated per call; the main loop's promotion is then one FFMA per accumulator; see the kernel header).
 """
@@ -40,13 +42,16 @@ __all__ = [
 # (csrc/cuda/dg_w4a8_rs.cuh: D^T = W x X^T; same conversion, k32 order and promotion products as scheme 0, operand
 # roles swapped: tested against float64, bit-equality with scheme 0 reported); 5 = rs with 256-token tiles; 6 / 7 =
 # rs / rs 256-token tiles with scheme 1's row-reference scales (one FFMA per accumulator per block; the sref
-# pre-pass + workspace; bit-equality with scheme 1 reported); 8 = 7 with the cheaper conversion (bit-equal to 7).
+# pre-pass + workspace; bit-equality with scheme 1 reported); 8 = 7 with the cheaper conversion (bit-equal to 7);
+# 9 / 10 = 5 / 4 with the fast epilogue (bf16x2 conversion, stmatrix staging, 16-byte stores; bit-equal to 5 / 4).
 W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3), (2, 4, 4), (2, 6, 4),
-    (2, 4, 5), (2, 3, 5), (2, 4, 6), (2, 4, 7), (2, 3, 7), (2, 4, 8),
+    (2, 4, 5), (2, 3, 5), (2, 4, 6), (2, 4, 7), (2, 3, 7), (2, 4, 8), (2, 4, 9), (2, 4, 10),
 )  # fmt: skip
 WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (2, 3))
-RS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (4, 5, 6, 7, 8))
+RS_SCHEMES = (4, 5, 6, 7, 8, 9, 10)
+RS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in RS_SCHEMES)
+EPI_SCHEMES = (9, 10)  # the fast epilogue: 16-byte stores into out (needs a 16-byte aligned out)
 SREF_SCHEMES = (1, 6, 7, 8)  # schemes that need the row-reference pre-pass's uint16 [g, n] workspace
 DEFAULT_VARIANT = (2, 4, 0)
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
@@ -57,10 +62,10 @@ def variant_name(variant: tuple[int, int, int]) -> str:
     (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers); (2, 4, 4) -> 'cuda_rs2s4' (register-operand
     weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles); (2, 4, 6) -> 'cuda_rs2s4f',
     (2, 4, 7) -> 'cuda_rs2s4n256f' (the same with row-reference scales folded); (2, 4, 8) -> 'cuda_rs2s4n256fc'
-    (+ the cheaper conversion)."""
-    if variant[2] in (4, 5, 6, 7, 8):
-        tok = "n256" if variant[2] in (5, 7, 8) else ""
-        fold = {6: "f", 7: "f", 8: "fc"}.get(variant[2], "")
+    (+ the cheaper conversion); (2, 4, 9) -> 'cuda_rs2s4n256e', (2, 4, 10) -> 'cuda_rs2s4e' (the fast epilogue)."""
+    if variant[2] in RS_SCHEMES:
+        tok = "n256" if variant[2] in (5, 7, 8, 9) else ""
+        fold = {6: "f", 7: "f", 8: "fc", 9: "e", 10: "e"}.get(variant[2], "")
         return f"cuda_rs{variant[0]}s{variant[1]}{tok}{fold}"
     if variant[2] >= 2:
         return f"cuda_ws{'p' if variant[2] == 3 else ''}{variant[0]}s{variant[1]}"
@@ -148,6 +153,8 @@ def m_grouped_fp8_fp4_gemm_nt_offsets_cuda(
     if m == 0 or n == 0:
         return out
     wg, stages, rel = variant
+    if rel in EPI_SCHEMES and out.data_ptr() % 16 != 0:
+        raise ValueError(f"out: expected a 16-byte aligned tensor for {variant_name(variant)}, got {out.data_ptr():#x}")
     # SREF_SCHEMES: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
     use_sref = rel in SREF_SCHEMES
     sref = torch.empty(g * n if use_sref else 0, dtype=torch.int16, device=values.device)
