@@ -17,7 +17,6 @@ Every row: TFLOPS-equivalent (the GEMM's FLOP count / time), x_fp8_api, x_rs2s4n
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -119,17 +118,16 @@ def table(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_dg_w4a8_ablate.json", help="result JSON")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (reference path; ablation rows: error)")
-    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
-    args = p.parse_args(argv)
-    if args.table:
-        print(table(args.table))
+    cli = ws.parse_cli(
+        __doc__,
+        "bench_dg_w4a8_ablate.json",
+        table,
+        argv,
+        smoke_help="tiny shapes on CPU (reference path; ablation rows: error)",
+    )
+    if cli is None:
         return
-    if not args.smoke and not torch.cuda.is_available():
-        sys.exit("no CUDA device: run with --smoke for the CPU check")
-    dev = "cpu" if args.smoke else "cuda"
+    args, dev = cli
     shapes = {"smoke": (256, 256)} if args.smoke else ws.SHAPES
     tpe, g, rep = (8, 2, 3) if args.smoke else (TPE, ws.EXPERTS, 20)
     start, recs = time.monotonic(), []

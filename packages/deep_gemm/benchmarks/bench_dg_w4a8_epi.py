@@ -16,7 +16,6 @@ output: the rs variants are bit-equal to each other) and diff_vs_base.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -82,17 +81,10 @@ def table(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_dg_w4a8_epi.json", help="result JSON")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (the API's reference path)")
-    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
-    args = p.parse_args(argv)
-    if args.table:
-        print(table(args.table))
+    cli = ws.parse_cli(__doc__, "bench_dg_w4a8_epi.json", table, argv)
+    if cli is None:
         return
-    if not args.smoke and not torch.cuda.is_available():
-        sys.exit("no CUDA device: run with --smoke for the CPU check")
-    dev = "cpu" if args.smoke else "cuda"
+    args, dev = cli
     shapes = {"smoke": (256, 256)} if args.smoke else ws.SHAPES
     tpes, g = ((3, 8) if args.smoke else TPES), (2 if args.smoke else ws.EXPERTS)
     start, recs = time.monotonic(), []

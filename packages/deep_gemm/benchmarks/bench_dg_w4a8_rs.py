@@ -19,7 +19,6 @@ throughout.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -60,17 +59,10 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_dg_w4a8_rs.json", help="result JSON")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (the API's reference path)")
-    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
-    args = p.parse_args(argv)
-    if args.table:
-        print(ws.table(args.table))
+    cli = ws.parse_cli(__doc__, "bench_dg_w4a8_rs.json", ws.table, argv)
+    if cli is None:
         return
-    if not args.smoke and not torch.cuda.is_available():
-        sys.exit("no CUDA device: run with --smoke for the CPU check")
-    dev = "cpu" if args.smoke else "cuda"
+    args, dev = cli
     shapes = {"smoke": (256, 256)} if args.smoke else ws.SHAPES
     tpes, g = ((3, 8) if args.smoke else ws.TPES), (2 if args.smoke else ws.EXPERTS)
     start, recs = time.monotonic(), []

@@ -146,18 +146,28 @@ def table(path: str) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_dg_w4a8_ws.json", help="result JSON")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (the API's reference path)")
+def parse_cli(doc: str, out: str, table_fn, argv: list[str] | None,  # noqa: ANN001
+              smoke_help: str = "tiny shapes on CPU (the API's reference path)") -> tuple | None:  # fmt: skip
+    """The W4A8 benchmarks' command line (--out / --smoke / --table): None after printing a table, else (args, device);
+    exits when there is no CUDA device and no --smoke."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", default=out, help="result JSON")
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
     p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved run and exit")
     args = p.parse_args(argv)
     if args.table:
-        print(table(args.table))
-        return
+        print(table_fn(args.table))
+        return None
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --smoke for the CPU check")
-    dev = "cpu" if args.smoke else "cuda"
+    return args, "cpu" if args.smoke else "cuda"
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli = parse_cli(__doc__, "bench_dg_w4a8_ws.json", table, argv)
+    if cli is None:
+        return
+    args, dev = cli
     shapes = {"smoke": (256, 256)} if args.smoke else SHAPES
     tpes, g = ((3, 8) if args.smoke else TPES), (2 if args.smoke else EXPERTS)
     start, recs = time.monotonic(), []
