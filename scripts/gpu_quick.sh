@@ -11,6 +11,8 @@
 #   engine                         benchmarks/bench_engine_v4flash.py -> engine.json / engine.log
 #   profile                        benchmarks/profile_engine_decode.py (batch 32) -> profile.json / profile.log
 #   bench:<pkg>                    packages/<pkg>/benchmarks/bench_<pkg>.py -> bench-<pkg>.json / .log
+#   ncu:<target>                   Nsight Compute (--set full, clocks left alone) on benchmarks/ncu_targets.py <target>
+#                                  -> ncu-<target>.ncu-rep + its details / raw / per-SASS-line (source) exports
 #   script:<name>:<path>[:<args>]  another benchmark script (or bench_<pkg>.py with arguments, "+"-separated in
 #                                  <args>), run with --out <name>.json -> <name>.json / .log
 set -uo pipefail
@@ -69,6 +71,16 @@ _part() {
         >"$WORK/bench-$pkg.log" 2>&1
       echo "== bench $pkg rc=$?"
       tail -2 "$WORK/bench-$pkg.log" | cut -c1-200 ;;
+    ncu)
+      local ncu rep="$WORK/ncu-$rest"
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout 300 "$ncu" --clock-control none --nvtx --nvtx-include "prof/" --launch-count 4 --set full \
+        --import-source no -f -o "$rep" python3 benchmarks/ncu_targets.py "$rest" >"$rep.log" 2>&1
+      echo "== ncu $rest rc=$?"
+      "$ncu" -i "$rep.ncu-rep" --page details >"$rep-details.txt" 2>&1
+      "$ncu" -i "$rep.ncu-rep" --page raw --csv >"$rep-raw.csv" 2>&1
+      "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep-sass.csv" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$rep-details.txt" | head -12 ;;
     script)  # script:<name>:<path>[:<args>]: a benchmark script run with --out <name>.json (args: "+" -> " ")
       name=${rest%%:*}
       rest=${rest#*:}

@@ -1,0 +1,88 @@
+"""One kernel call per target inside an NVTX range "prof", for Nsight Compute (`scripts/gpu_quick.sh` part ncu:).
+
+    ncu --nvtx --nvtx-include "prof/" ... python3 benchmarks/ncu_targets.py TARGET [TARGET ...]
+
+Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled call):
+  w4a8_rs     deep_gemm W4A8 `cuda_rs2s4n256`, 64 experts x 1,024 tokens, (n, k) = (4096, 4096)
+  fp8_grouped deep_gemm FP8 grouped API, same shape (the 0.85x goal's baseline)
+  fm_fp8      flash_mla ws3p1 on the FP8 cache, decode b 128 x s_q 2, topk 640
+  fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
+  fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+for _p in ("flash_mla/benchmarks", "deep_gemm/benchmarks"):
+    sys.path.insert(0, str(_ROOT / "packages" / _p))
+
+import torch  # noqa: E402
+
+H, D = 64, 512
+
+
+def _w4a8(impl: str) -> Callable[[], object]:
+    import bench_dg_w4a8_ws as ws
+
+    g, tpe, n, k = 64, 1024, 4096, 4096
+    op = ws._operands(tpe, n, k, g, "cuda")
+    fp8 = (ws._fp8_bytes((g, n, k), "cuda"), torch.rand(g, n // 128, k // 128, device="cuda") + 0.5)
+    ws.IMPLS = (impl,) if impl != ws.FP8_API else ()
+    calls = ws._calls(op, n, k, g, "cuda", *fp8)
+    return calls[impl][0]
+
+
+def _attn(cache: str, variant: str | None, prefill: bool) -> Callable[[], object]:
+    from bench_flash_mla import decode_indices, prefill_indices
+
+    from deepinfer.flash_mla import api
+    from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if prefill:
+        idx, rows = prefill_indices(4096, 512, 128, gen)
+    else:
+        idx, rows = decode_indices(128, 2, 16384, 512, 128, 16384 + 128, gen), 128 * (16384 + 128)
+        idx = idx.reshape(256, -1)
+    kv = torch.randn(rows, D, generator=gen, device="cuda").bfloat16()
+    kv = api.pack_fp8_kv(kv) if cache == "fp8" else kv
+    q = torch.randn(idx.shape[0], H, D, generator=gen, device="cuda").bfloat16()
+    sink = torch.randn(H, generator=gen, device="cuda")
+    if variant is None:
+        return lambda: api.sparse_attn_prefill(q, kv, idx, sink, D**-0.5)
+    return lambda: ws.sparse_attn_ws(q, kv, idx, sink, D**-0.5, variant=variant)
+
+
+TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
+    "w4a8_rs": lambda: _w4a8("cuda_rs2s4n256"),
+    "fp8_grouped": lambda: _w4a8("fp8_grouped_api"),
+    "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
+    "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
+    "fm_prefill": lambda: _attn("bf16", None, True),
+}
+
+
+def main(names: list[str]) -> int:
+    """Run each named target: two warm-up calls, then one call inside the NVTX range "prof"."""
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        print(f"targets: expected some of {sorted(TARGETS)}, got {names}", file=sys.stderr)
+        return 2
+    for name in names:
+        fn = TARGETS[name]()
+        fn(), fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("prof")
+        fn()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        print(f"profiled {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
