@@ -8,6 +8,7 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fm_fp8      flash_mla ws3p1 on the FP8 cache, decode b 128 x s_q 2, topk 640
   fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
+  fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _w4a8(impl: str) -> Callable[[], object]:
     return calls[impl][0]
 
 
-def _attn(cache: str, variant: str | None, prefill: bool) -> Callable[[], object]:
+def _attn(cache: str, variant: str | None, prefill: bool, b: int = 128) -> Callable[[], object]:
     from bench_flash_mla import decode_indices, prefill_indices
 
     from deepinfer.flash_mla import api
@@ -46,12 +47,15 @@ def _attn(cache: str, variant: str | None, prefill: bool) -> Callable[[], object
     if prefill:
         idx, rows = prefill_indices(4096, 512, 128, gen)
     else:
-        idx, rows = decode_indices(128, 2, 16384, 512, 128, 16384 + 128, gen), 128 * (16384 + 128)
-        idx = idx.reshape(256, -1)
+        idx, rows = decode_indices(b, 2, 16384, 512, 128, 16384 + 128, gen), b * (16384 + 128)
+        idx = idx.reshape(2 * b, -1)
     kv = torch.randn(rows, D, generator=gen, device="cuda").bfloat16()
     kv = api.pack_fp8_kv(kv) if cache == "fp8" else kv
     q = torch.randn(idx.shape[0], H, D, generator=gen, device="cuda").bfloat16()
     sink = torch.randn(H, generator=gen, device="cuda")
+    if variant == "api":
+        q4, idx3 = q.view(b, 2, H, D), idx.view(b, 2, -1)
+        return lambda: api.sparse_attn_decode(q4, kv, idx3, sink, D**-0.5)
     if variant is None:
         return lambda: api.sparse_attn_prefill(q, kv, idx, sink, D**-0.5)
     return lambda: ws.sparse_attn_ws(q, kv, idx, sink, D**-0.5, variant=variant)
@@ -63,6 +67,7 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
+    "fm_b2": lambda: _attn("fp8", "api", False, b=2),
 }
 
 
