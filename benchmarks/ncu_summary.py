@@ -29,17 +29,30 @@ class Line:
     stalls: Counter
 
 
-def load(path: str) -> list[Line]:
-    """Parse the export: row 0 names the kernel, row 1 the columns, then one row per SASS instruction."""
+def load(path: str, kernel: str | None = None) -> list[Line]:
+    """Parse the export: per profiled kernel a row naming it, a row of column names, then one row per SASS line.
+    Several kernels: the first whose name contains `kernel`, else the one with the most samples."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    if len(rows) < 3 or SAMPLES not in rows[1]:
+    starts = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"]
+    if not starts or starts[0] + 1 >= len(rows) or SAMPLES not in rows[starts[0] + 1]:
         raise ValueError(f"{path}: expected an ncu source-page CSV with a {SAMPLES!r} column, got {rows[:2]!r}")
-    hdr = rows[1]
+    sections = []
+    for a, b in zip(starts, [*starts[1:], len(rows)]):
+        sections.append((rows[a][1] if len(rows[a]) > 1 else "", _parse(rows[a + 1], rows[a + 2 : b])))
+    if kernel is not None:
+        hits = [lines for name, lines in sections if kernel in name]
+        if not hits:
+            raise ValueError(f"{path}: no kernel name contains {kernel!r}; got {[n[:60] for n, _ in sections]}")
+        return hits[0]
+    return max((lines for _, lines in sections), key=lambda ls: sum(ln.samples for ln in ls))
+
+
+def _parse(hdr: list[str], body: list[list[str]]) -> list[Line]:
     ix = {h: i for i, h in enumerate(hdr)}
     reasons = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     out = []
-    for r in rows[2:]:
+    for r in body:
         if len(r) < len(hdr):
             continue
         stalls = Counter({h[6:]: int(r[ix[h]] or 0) for h in reasons})
@@ -90,8 +103,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=40, help="how many of the hottest lines to list")
     ap.add_argument("--regions", nargs="*", default=[], metavar="A-B", help="line ranges to summarise")
     ap.add_argument("--segments", action="store_true", help="list loop-like runs of equal execution counts")
+    ap.add_argument("--kernel", help="with several kernels in the export: the first whose name contains this")
     args = ap.parse_args()
-    print(report(load(args.csv), args.top, args.regions, args.segments))
+    print(report(load(args.csv, args.kernel), args.top, args.regions, args.segments))
     return 0
 
 
