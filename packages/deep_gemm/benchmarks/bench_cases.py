@@ -267,15 +267,12 @@ W4A8_SWEEP_ALL = {
 # group) next to kernel 4 (`...cu`, its default variants only: the 128-row, 8-warp and 6-stage kernel-4 variants
 # lost to them in sessions 4 and 5). Mid (64 per expert): kernel 4's fastest there next to kernel 5 with 16, 32 and
 # 64 tokens per block (the 32 / 64 variants are new in session 5: not GPU-run before; the API does not pick them).
-# Session 6: kernel 6 (`...cs`: kernel 5's tiles in one pipeline per CTA, token-block work items) and kernel 5's
-# 128-row tile with 256-k stages (`m8n128k256w4s4cp`) next to the default (`m8n128k512w4s2cp`).
+# Session 6: kernel 5's 128-row tile with 256-k stages (`m8n128k256w4s4cp`) next to the default (`m8n128k512w4s2cp`).
 CUDA_NAMES = {
     "decode": (
         "m8n64k256w4s4cu", "m16n64k256w4s4cu",
         "m8n64k256w4s4cp", "m8n64k512w4s2cp", "m8n128k512w8s2cp", "m8n128k256w4s3cp", "m8n128k512w4s2cp",
         "m8n64k256w4s3cp", "m16n64k256w4s4cp", "m16n64k512w4s2cp", "m8n128k256w4s4cp",
-        "m8n128k512w4s2cs", "m8n128k256w4s4cs", "m8n128k256w4s3cs", "m8n256k256w8s5cs", "m16n64k512w4s2cs",
-        "m16n128k512w4s2cs",
     ),
     "mid": (
         "m64n128k256w8s3cu",
@@ -330,7 +327,7 @@ def _w4a16_cuda_impls(a, w: tuple, offs, out, regime: str) -> tuple[dict[str, Ca
 
     if not (a.is_cuda and cu.available()):
         return {}, {}
-    built = {4: set(cu.compiled_variants()), 5: set(cu.compiled_p_variants()), 6: set(cu.compiled_s_variants())}
+    built = {4: set(cu.compiled_variants()), 5: set(cu.compiled_p_variants())}
     impls, config = {}, {}
     for name in CUDA_NAMES.get(regime, ()):
         cfg = parse_config(name)

@@ -430,6 +430,18 @@ def test_p_config_names() -> None:
     assert cfgs.parse_config("m8n64k256w4s4cu").kernel == 4  # kernel 4's names are unchanged
 
 
+@pytest.mark.parametrize("name", ["m8n128k512w4s2cs", "m16n64k512w4s2cs", "m8n128k512w4s2cx"])
+def test_removed_kernel6_names_fail(name: str) -> None:
+    """Kernel 6 (`...cs`) was removed in session 9: its names (and any other unknown CUDA suffix) raise a ValueError
+    naming the known kernels from `parse_config` (what `config=` names and DEEPINFER_DG_W4A16_CONFIG go through)."""
+    with pytest.raises(ValueError, match=r"unknown CUDA kernel suffix.*'\.\.\.cu'.*'\.\.\.cp'") as err:
+        cfgs.parse_config(name)
+    assert ("removed in session 9" in str(err.value)) == name.endswith("cs") and name in str(err.value)
+    with pytest.raises(ValueError, match="kernel: expected 1, 2, 3, 4 or 5"):
+        cfgs.W4A16Config(8, 128, 512, num_warps=4, num_stages=2, kernel=6)
+    assert not hasattr(cu, "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s") and 6 not in cfgs.CUDA_KERNELS
+
+
 def test_p_wrapper_without_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cu, "_module", lambda: None)
     a, packed, scales, offs = _operands([2, 1], 64, 256, gen(1))
@@ -443,9 +455,9 @@ def test_p_wrapper_without_compiled_module(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_p_sm90_compile() -> None:
-    """The first kernel-5 and kernel-6 variants (every one with DEEPINFER_DG_NVCC_ALL=1) compile for sm_90a with
-    nvcc 13 without spills (skipped without nvcc)."""
-    _check_sm90_compile("dg_fp4_persistent.cu", len(cfgs.CUDA_P_VARIANTS) + len(cfgs.CUDA_S_VARIANTS), n_first=2)
+    """The first kernel-5 variant (every one with DEEPINFER_DG_NVCC_ALL=1) compiles for sm_90a with nvcc 13 without
+    spills (skipped without nvcc)."""
+    _check_sm90_compile("dg_fp4_persistent.cu", len(cfgs.CUDA_P_VARIANTS))
 
 
 needs_p_kernel = pytest.mark.skipif(not cu.available_p(), reason="_C built without the persistent FP4 kernel")
@@ -524,175 +536,6 @@ def test_gpu_p_all_empty_and_graph_replay() -> None:
     assert out.isnan().all()
     a, packed, scales, _ = _gpu(*_operands([4, 4, 4, 4], 256, 512, gen(23), extra_rows=0))
     out, offs = dgt.replay_with_new_offs(lambda a, p, s, o, out: _p_gemm(a, p, s, o, out, cfg), a, packed, scales)
-    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
-    assert calc_diff(out[:9], want[:9]) < 1e-5
-    assert out[9:].isnan().all()
-
-
-# ---------------------------------------------------------------- kernel 6 (one pipeline per CTA, token-block items)
-
-ALL_CUDA_S = [cfgs.W4A16Config(t, w * r * 16, kt, w, s, kernel=6) for kt, t, w, r, s in cfgs.CUDA_S_VARIANTS]
-
-
-def _cs(kt: int, tn: int, warps: int, rt: int, stages: int) -> cfgs.W4A16Config:
-    """The kernel-6 config of one compiled variant."""
-    return cfgs.W4A16Config(tn, warps * rt * 16, kt, warps, stages, kernel=6)
-
-
-def _twin(cfg: cfgs.W4A16Config) -> cfgs.W4A16Config:
-    """The kernel-5 config whose outputs kernel-6 `cfg` must match bit for bit: the same tiles where kernel 5 has
-    them, else the same k per stage and rows per warp (tokens per block, warps and stages change no arithmetic:
-    every output sums the same products in the same order)."""
-    if cfgs.cuda_p_variant(cfg) in cfgs.CUDA_P_VARIANTS:
-        return _cp(*cfgs.cuda_p_variant(cfg))
-    kt, _, _, rt, _ = cfgs.cuda_p_variant(cfg)
-    return next(_cp(*v) for v in cfgs.CUDA_P_VARIANTS if (v[0], v[3]) == (kt, rt))
-
-
-def _run_emu_s(lib: ctypes.CDLL, cfg: cfgs.W4A16Config, a, packed, scales, offs, out, late: bool, grid: int) -> None:
-    m, k = a.shape
-    g, n, _ = packed.shape
-    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
-    rc = lib.emu_w4a16_s(*cfgs.cuda_p_variant(cfg), ptr(a), ptr(packed), ptr(scales), ptr(offs), ptr(out), m, n, k,
-                         g, int(late), grid)  # fmt: skip
-    assert rc == 0, f"emulator has no kernel-6 variant {cfg.name}"
-
-
-# (config, cp.async landing, counts, n, k, CTAs): experts with several token blocks (counts > tn: their blocks are
-# separate work items), empty experts first / last / between, more items than CTAs and idle CTAs, n not a multiple of
-# the CTA's rows, k tails of both stage sizes and k shorter than one stage (the pipeline then crosses an item boundary
-# at every step), more than 32 experts (the prefix scan's second step)
-EMU_S_CASES = [
-    (_cs(512, 8, 4, 2, 2), True, [3, 0, 19, 5], 48, 384, 2),
-    (_cs(512, 8, 4, 2, 2), False, [0, 9, 1, 0, 2, 0], 160, 1152, 3),
-    (_cs(512, 8, 4, 2, 2), True, [4, 0, 7], 80, 128, 1),
-    (_cs(256, 8, 4, 2, 4), True, [0, 17, 2], 144, 384, 2),
-    (_cs(256, 8, 4, 2, 4), False, [1, 0, 0, 25, 0], 48, 1280, 4),
-    (_cs(256, 8, 4, 2, 3), True, [0, 0, 12, 8, 1], 144, 640, 3),
-    (_cs(256, 8, 8, 2, 5), True, [9, 0, 3], 272, 384, 2),
-    (_cs(256, 8, 8, 2, 5), False, [2, 1], 48, 256, 1),
-    (_cs(512, 16, 4, 1, 2), True, [0, 33, 2], 48, 640, 2),
-    (_cs(512, 16, 4, 2, 2), False, [9, 0, 40, 16], 144, 384, 3),
-    (_cs(512, 8, 4, 2, 2), False, [0] * 20 + [3] + [0] * 14 + [9, 1], 32, 256, 5),
-]
-
-
-@pytest.mark.parametrize(("cfg", "late", "counts", "n", "k", "grid"), EMU_S_CASES,
-                         ids=lambda v: getattr(v, "name", None))  # fmt: skip
-def test_emu_s_vs_float64_and_kernel5(emu, cfg, late: bool, counts: list[int], n: int, k: int, grid: int) -> None:
-    """Kernel 6 in the emulation: within the float64 oracle's bound, and bit-identical to its kernel-5 twin."""
-    a, packed, scales, offs = _operands(counts, n, k, gen(sum(counts) + n + k + 2), sb=(100, 140))  # both paths
-    out = torch.full((a.shape[0], n), NAN, dtype=torch.bfloat16)
-    _run_emu_s(emu, cfg, a, packed, scales, offs, out, late, grid)
-    _check_vs_float64(out, a, packed, scales, counts, k, cfg.name)
-    want = torch.full_like(out, NAN)
-    _run_emu_p(emu, _twin(cfg), a, packed, scales, offs, want, late, 2)
-    rows = sum(counts)
-    assert torch.equal(out[:rows], want[:rows]), f"{cfg.name}: differs from kernel 5's {_twin(cfg).name}"
-
-
-def test_emu_s_dequant_bit_exact_and_all_empty(emu) -> None:
-    cfg = ALL_CUDA_S[0]
-    a, packed, scales, offs, want = _one_hot_case((2, 252))
-    out = torch.empty(a.shape[0], packed.shape[1], dtype=torch.bfloat16)
-    _run_emu_s(emu, cfg, a, packed, scales, offs, out, late=True, grid=3)
-    assert torch.equal(out.double(), want)
-    a, packed, scales, offs = _operands([0, 0, 0], 64, 256, gen(5), extra_rows=5)
-    out = torch.full((5, 64), NAN, dtype=torch.bfloat16)
-    _run_emu_s(emu, cfg, a, packed, scales, offs, out, late=False, grid=2)
-    assert out.isnan().all()
-
-
-def test_s_variant_lists_in_sync() -> None:
-    """CUDA_S_VARIANTS == the .cu's kSEntries == the emulator driver's kernel-6 cases (same order)."""
-    _check_variant_lists("dg_fp4_persistent.cu", "SVARIANT", "EMU_SCASE", 5, cfgs.CUDA_S_VARIANTS)
-
-
-def test_s_config_names() -> None:
-    for cfg in ALL_CUDA_S:
-        assert cfgs.parse_config(cfg.name) == cfg and cfg.name.endswith("cs") and cfg.kernel == 6
-        assert _twin(cfg).kernel == 5
-    assert [c.name for tn in (8, 16, 32, 64) for c in cfgs.CUDA_S_SWEEP[tn]] == list(cfgs.CUDA_S_NAMES)
-    with pytest.raises(ValueError, match="kernel 6"):
-        cfgs.W4A16Config(8, 64, 256, num_warps=4, num_stages=4, kernel=6)  # a kernel-5 tile, not compiled for 6
-    assert cfgs.parse_config("m8n128k512w4s2cp").kernel == 5
-
-
-def test_s_wrapper_without_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cu, "_module", lambda: None)
-    a, packed, scales, offs = _operands([2, 1], 64, 256, gen(1))
-    assert not cu.available_s() and cu.compiled_s_variants() == ()
-    with pytest.raises(RuntimeError, match="DEEPINFER_DEVICE=cuda"):
-        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, packed, scales, offs, None, ALL_CUDA_S[0])
-    with pytest.raises(ValueError, match="kernel-6"):
-        cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, packed, scales, offs, None, ALL_CUDA_P[0])
-
-
-needs_s_kernel = pytest.mark.skipif(not cu.available_s(), reason="_C built without FP4 kernel 6")
-
-
-@pytest.mark.gpu
-def test_gpu_s_compiled_variants() -> None:
-    """The built `_C` has exactly CUDA_S_VARIANTS (a stale build fails here first)."""
-    assert cu.available_s(), "deep_gemm._C lacks fp4_w4a16_s_grouped: rebuild with DEEPINFER_DEVICE=cuda"
-    assert cu.compiled_s_variants() == tuple(cfgs.CUDA_S_VARIANTS)
-
-
-@pytest.mark.gpu
-@needs_s_kernel
-@pytest.mark.parametrize("cfg", ALL_CUDA_S, ids=lambda c: c.name)
-@pytest.mark.parametrize("case", list(GPU_CASES), ids=str)
-def test_gpu_s_vs_float64(cfg: cfgs.W4A16Config, case: str) -> None:
-    """Through the API with `config=` (the benchmark's path), vs the float64 oracle."""
-    _check_gpu_case(lambda a, p, s, o, out: gemm(a, (p, s), o, out, config=cfg), cfg, case)
-
-
-@pytest.mark.gpu
-@needs_s_kernel
-@pytest.mark.parametrize("cfg", ALL_CUDA_S, ids=lambda c: c.name)
-@pytest.mark.parametrize("nk", [(4096, 4096), (4096, 2048)], ids=["gate_up", "down"])
-def test_gpu_s_v4_shapes_match_kernel5(cfg: cfgs.W4A16Config, nk: tuple[int, int]) -> None:
-    """V4 expert shapes over 128 experts with decode-like ragged counts (0..3 x tn rows: experts with several token
-    blocks, empty ones): bit-identical to the kernel-5 twin and to kernel 5's 8-token default (every kernel-5 / -6
-    tile sums each output's products in the same order: two chains by MMA parity, k tiles in order), close to the
-    reference."""
-    n, k = nk
-    g = 128
-    counts = torch.randint(0, 3 * cfg.block_m + 1, (g,), generator=gen(n + k + cfg.block_m))
-    counts[torch.randperm(g, generator=gen(7))[: g // 4]] = 0
-    dev = torch.Generator(device="cuda").manual_seed(n + k + 1)
-    m = int(counts.sum()) + 3
-    a = torch.randn((m, k), generator=dev, device="cuda").to(torch.bfloat16)
-    packed = torch.randint(0, 256, (g, n, k // 2), generator=dev, device="cuda", dtype=torch.uint8)
-    scales = torch.randint(118, 131, (g, n, k // 32), generator=dev, device="cuda", dtype=torch.uint8)
-    offs = counts.cumsum(0).to(torch.int32).cuda()
-    out = torch.full((m, n), NAN, dtype=torch.bfloat16, device="cuda")
-    gemm(a, (packed, scales), offs, out, config=cfg)
-    rows = int(counts.sum())
-    for other in (_twin(cfg), cfgs.CUDA_P_BY_TN[8]):
-        got = _p_gemm(a, packed, scales, offs, None, other)
-        ndiff = int((out[:rows] != got[:rows]).sum())
-        assert ndiff == 0, f"{cfg.name} n={n} k={k}: {ndiff} of {rows * n} outputs differ from {other.name}"
-    sel = torch.arange(0, rows, 7, device="cuda")  # every 7th row vs the fp32 reference (memory)
-    want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
-    d = calc_diff(out[sel], want[sel])
-    assert d < 1e-5, f"{cfg.name} n={n} k={k}: calc_diff {d:.3e} vs the reference"
-    assert out[rows:].isnan().all()
-
-
-@pytest.mark.gpu
-@needs_s_kernel
-def test_gpu_s_all_empty_and_graph_replay() -> None:
-    """All-empty groups write nothing; a captured launch replayed with new offs follows them (no host read)."""
-    cfg = ALL_CUDA_S[0]
-    a, packed, scales, offs = _gpu(*_operands([0, 0, 0], 64, 256, gen(11), extra_rows=5))
-    out = torch.full((5, 64), NAN, dtype=torch.bfloat16, device="cuda")
-    cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, packed, scales, offs, out, cfg)
-    torch.cuda.synchronize()
-    assert out.isnan().all()
-    a, packed, scales, _ = _gpu(*_operands([4, 4, 4, 4], 256, 512, gen(23), extra_rows=0))
-    launch = lambda a, p, s, o, out: cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, p, s, o, out, cfg)  # noqa: E731
-    out, offs = dgt.replay_with_new_offs(launch, a, packed, scales)
     want = ref.m_grouped_bf16_fp4_gemm_nt_contiguous(a, packed, scales, offs, torch.empty_like(out))
     assert calc_diff(out[:9], want[:9]) < 1e-5
     assert out[9:].isnan().all()

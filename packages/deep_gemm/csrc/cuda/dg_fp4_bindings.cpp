@@ -35,47 +35,24 @@ void w4a16_grouped(int tn, int warps, int rt, int stages, std::uintptr_t a, std:
   if (err != 0) throw std::runtime_error("fp4_w4a16_grouped: " + dg_fp4::w4a16_error_string());
 }
 
-using PLaunch = int (*)(int, int, int, int, int, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
-                        std::uintptr_t, int, int, int, int, std::uintptr_t);
-
-// Kernels 5 and 6 (`launch`): same arguments, same checks; `what` names the kernel in errors.
-void w4a16_p_run(PLaunch launch, const char* what, int kt, int tn, int warps, int rt, int stages, std::uintptr_t a,
-                 std::uintptr_t packed, std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n,
-                 int k, int g, std::uintptr_t stream) {
+void w4a16_p_grouped(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
+                     std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
+                     std::uintptr_t stream) {
+  const std::string what = "fp4_w4a16_p_grouped (persistent)";
   if (k <= 0 || k % 128 != 0) throw std::invalid_argument("k: expected a positive multiple of 128, got " +
                                                           std::to_string(k));
   if (m < 0 || n < 0 || g < 0) throw std::invalid_argument("m, n, g: expected >= 0");
   int err = 0;
   {
     py::gil_scoped_release release;
-    err = launch(kt, tn, warps, rt, stages, a, packed, scales, offs, out, m, n, k, g, stream);
+    err = dg_fp4::w4a16_p_grouped_launch(kt, tn, warps, rt, stages, a, packed, scales, offs, out, m, n, k, g, stream);
   }
   if (err == -1) {
-    throw std::invalid_argument(std::string(what) + " variant (kt, tn, warps, rt, stages) = (" + std::to_string(kt) +
-                                ", " + std::to_string(tn) + ", " + std::to_string(warps) + ", " + std::to_string(rt) +
-                                ", " + std::to_string(stages) + "): not compiled");
+    throw std::invalid_argument(what + " variant (kt, tn, warps, rt, stages) = (" + std::to_string(kt) + ", " +
+                                std::to_string(tn) + ", " + std::to_string(warps) + ", " + std::to_string(rt) + ", " +
+                                std::to_string(stages) + "): not compiled");
   }
-  if (err != 0) throw std::runtime_error(std::string(what) + ": " + dg_fp4::w4a16_p_error_string());
-}
-
-void w4a16_p_grouped(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
-                     std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
-                     std::uintptr_t stream) {
-  w4a16_p_run(&dg_fp4::w4a16_p_grouped_launch, "fp4_w4a16_p_grouped (persistent)", kt, tn, warps, rt, stages, a,
-              packed, scales, offs, out, m, n, k, g, stream);
-}
-
-void w4a16_s_grouped(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
-                     std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
-                     std::uintptr_t stream) {
-  w4a16_p_run(&dg_fp4::w4a16_s_grouped_launch, "fp4_w4a16_s_grouped (kernel 6)", kt, tn, warps, rt, stages, a,
-              packed, scales, offs, out, m, n, k, g, stream);
-}
-
-std::vector<std::tuple<int, int, int, int, int>> s_variants() {
-  std::vector<std::tuple<int, int, int, int, int>> out;
-  for (const auto& v : dg_fp4::w4a16_s_variants()) out.emplace_back(v.kt, v.tn, v.warps, v.rt, v.stages);
-  return out;
+  if (err != 0) throw std::runtime_error(what + ": " + dg_fp4::w4a16_p_error_string());
 }
 
 std::vector<std::tuple<int, int, int, int, int>> p_variants() {
@@ -108,11 +85,4 @@ void dg_register_fp4(pybind11::module_& m) {
         py::arg("stages"), py::arg("a"), py::arg("packed"), py::arg("scales"), py::arg("offs"), py::arg("out"),
         py::arg("m"), py::arg("n"), py::arg("k"), py::arg("g"), py::arg("stream"),
         "W4A16 M-grouped GEMM, persistent swap-AB kernel (csrc/cuda/dg_fp4_persistent.cuh).");
-  m.def("fp4_w4a16_s_variants", &s_variants, "Compiled kernel-6 W4A16 variants: (kt, tn, warps, rt, stages) tuples.");
-  m.def("fp4_w4a16_s_smem_bytes", &dg_fp4::w4a16_s_smem_bytes, py::arg("kt"), py::arg("tn"), py::arg("warps"),
-        py::arg("rt"), py::arg("stages"), py::arg("g"), "Dynamic shared memory of a kernel-6 variant with g groups.");
-  m.def("fp4_w4a16_s_grouped", &w4a16_s_grouped, py::arg("kt"), py::arg("tn"), py::arg("warps"), py::arg("rt"),
-        py::arg("stages"), py::arg("a"), py::arg("packed"), py::arg("scales"), py::arg("offs"), py::arg("out"),
-        py::arg("m"), py::arg("n"), py::arg("k"), py::arg("g"), py::arg("stream"),
-        "W4A16 M-grouped GEMM, kernel 6: kernel 5's tiles in one pipeline per CTA (csrc/cuda/dg_fp4_persistent.cuh).");
 }

@@ -46,19 +46,7 @@ int w4a16_p_grouped_launch(int kt, int tn, int warps, int rt, int stages, std::u
                            std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
                            std::uintptr_t stream);
 
-// The message of the last failed persistent launch (kernels 5 and 6).
+// The message of the last failed persistent launch.
 std::string w4a16_p_error_string();
-
-// ---- kernel 6 (dg_fp4_persistent.cuh, fp4_w4a16_stream_kernel): kernel 5's tiles in one pipeline per CTA ----
-// The compiled kernel-6 variants (same fields as kernel 5's), in a fixed order.
-const std::vector<W4A16PVariant>& w4a16_s_variants();
-
-// Dynamic shared memory bytes a kernel-6 variant asks for with g groups (-1: not compiled).
-int w4a16_s_smem_bytes(int kt, int tn, int warps, int rt, int stages, int g);
-
-// Same contract as w4a16_grouped_launch (errors: w4a16_p_error_string()).
-int w4a16_s_grouped_launch(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
-                           std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
-                           std::uintptr_t stream);
 
 }  // namespace dg_fp4

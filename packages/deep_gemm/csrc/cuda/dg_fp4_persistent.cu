@@ -1,6 +1,5 @@
-// Launchers of the persistent W4A16 grouped GEMM variants ("kernel 5") and of kernel 6 (one cp.async pipeline per
-// CTA across its work items; kernel and design notes: dg_fp4_persistent.cuh). The W4A16 API runs kernel 5 by default
-// up to 16 rows per group (w4a16_configs.CUDA_P_BY_TN); kernel 6 runs by name (`...cs` configs).
+// Launchers of the persistent W4A16 grouped GEMM variants ("kernel 5"; kernel and design notes:
+// dg_fp4_persistent.cuh). The W4A16 API runs kernel 5 by default up to 16 rows per group (w4a16_configs.CUDA_P_BY_TN).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -21,34 +20,29 @@ int device_sms(int dev) {
   return sms[dev];
 }
 
-// The kernel of a variant: kernel 5 (persistent, S = false) or kernel 6 (one pipeline per CTA, S = true).
-template <int KT, int TN, int WARPS, int RT, int NS, bool S>
+// The kernel of a variant.
+template <int KT, int TN, int WARPS, int RT, int NS>
 inline void (*p_kernel())(const Fp4Args) {
-  if constexpr (S) {
-    return fp4_w4a16_stream_kernel<KT, TN, WARPS, RT, NS>;
-  } else {
-    return fp4_w4a16_persistent_kernel<KT, TN, WARPS, RT, NS>;
-  }
+  return fp4_w4a16_persistent_kernel<KT, TN, WARPS, RT, NS>;
 }
 
 // Raises the instantiation's dynamic shared memory limit to the device's opt-in maximum, once per device (the
 // launch size depends on g), so launches under CUDA-graph capture only query occupancy and launch.
-template <int KT, int TN, int WARPS, int RT, int NS, bool S>
+template <int KT, int TN, int WARPS, int RT, int NS>
 cudaError_t p_opt_in_smem(int dev) {
   static bool configured[kMaxDevices] = {};
   if (dev >= 0 && dev < kMaxDevices && configured[dev]) return cudaSuccess;
   int optin = 0;
   cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(p_kernel<KT, TN, WARPS, RT, NS, S>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             optin);
+  err = cudaFuncSetAttribute(p_kernel<KT, TN, WARPS, RT, NS>(), cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices) configured[dev] = true;
   return err;
 }
 
 // CTAs per SM of an instantiation at `smem` bytes, cached per device for the last size asked (a captured launch
 // after an uncaptured warm-up with the same g makes no runtime API call but the launch).
-template <int KT, int TN, int WARPS, int RT, int NS, bool S>
+template <int KT, int TN, int WARPS, int RT, int NS>
 cudaError_t p_blocks_per_sm(int dev, int smem, int* per_sm) {
   static int last_smem[kMaxDevices] = {}, last_blocks[kMaxDevices] = {};
   const bool cacheable = dev >= 0 && dev < kMaxDevices;
@@ -57,7 +51,7 @@ cudaError_t p_blocks_per_sm(int dev, int smem, int* per_sm) {
     return cudaSuccess;
   }
   cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      per_sm, p_kernel<KT, TN, WARPS, RT, NS, S>(), PCfg<KT, TN, WARPS, RT, NS>::kThreads, smem);
+      per_sm, p_kernel<KT, TN, WARPS, RT, NS>(), PCfg<KT, TN, WARPS, RT, NS>::kThreads, smem);
   if (err == cudaSuccess && cacheable) {
     last_smem[dev] = smem;
     last_blocks[dev] = *per_sm;
@@ -65,28 +59,28 @@ cudaError_t p_blocks_per_sm(int dev, int smem, int* per_sm) {
   return err;
 }
 
-template <int KT, int TN, int WARPS, int RT, int NS, bool S>
+template <int KT, int TN, int WARPS, int RT, int NS>
 int p_launch(const Fp4Args& p, cudaStream_t stream) {
   using C = PCfg<KT, TN, WARPS, RT, NS>;
-  const int smem = C::kSmemBytes + (S ? s_extra_bytes(p.g) : p_extra_bytes(p.g));
+  const int smem = C::kSmemBytes + p_extra_bytes(p.g);
   int dev = 0, per_sm = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = p_opt_in_smem<KT, TN, WARPS, RT, NS, S>(dev);
-  if (err == cudaSuccess) err = p_blocks_per_sm<KT, TN, WARPS, RT, NS, S>(dev, smem, &per_sm);
+  if (err == cudaSuccess) err = p_opt_in_smem<KT, TN, WARPS, RT, NS>(dev);
+  if (err == cudaSuccess) err = p_blocks_per_sm<KT, TN, WARPS, RT, NS>(dev, smem, &per_sm);
   if (err == cudaSuccess && per_sm < 1) err = cudaErrorInvalidConfiguration;  // g too large for shared memory
   if (err == cudaSuccess) {
-    // work items: kernel 5 (expert, slab), at most g per slab; kernel 6 (token block, slab), at most g + m / TN
+    // work items (expert, slab): at most g per slab
     const long long slabs = (p.n + C::kRows - 1) / C::kRows;
-    const long long items = (S ? static_cast<long long>(p.g) + p.m / TN : static_cast<long long>(p.g)) * slabs;
+    const long long items = static_cast<long long>(p.g) * slabs;
     const long long full = static_cast<long long>(per_sm) * device_sms(dev);
     const int grid = static_cast<int>(items < full ? items : full);
-    p_kernel<KT, TN, WARPS, RT, NS, S>()<<<grid, C::kThreads, smem, stream>>>(p);
+    p_kernel<KT, TN, WARPS, RT, NS>()<<<grid, C::kThreads, smem, stream>>>(p);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
     char buf[256];
-    std::snprintf(buf, sizeof(buf), "fp4 w4a16 %s kt=%d tn=%d warps=%d rt=%d stages=%d smem=%d g=%d: %s",
-                  S ? "stream (kernel 6)" : "persistent", KT, TN, WARPS, RT, NS, smem, p.g, cudaGetErrorString(err));
+    std::snprintf(buf, sizeof(buf), "fp4 w4a16 persistent kt=%d tn=%d warps=%d rt=%d stages=%d smem=%d g=%d: %s", KT,
+                  TN, WARPS, RT, NS, smem, p.g, cudaGetErrorString(err));
     g_last_error = buf;
   }
   return static_cast<int>(err);
@@ -99,9 +93,7 @@ struct PEntry {
 };
 
 #define DG_FP4_PVARIANT(KT, TN, W, RT, NS) \
-  PEntry { {KT, TN, W, RT, NS}, PCfg<KT, TN, W, RT, NS>::kSmemBytes, &p_launch<KT, TN, W, RT, NS, false> }
-#define DG_FP4_SVARIANT(KT, TN, W, RT, NS) \
-  PEntry { {KT, TN, W, RT, NS}, PCfg<KT, TN, W, RT, NS>::kSmemBytes, &p_launch<KT, TN, W, RT, NS, true> }
+  PEntry { {KT, TN, W, RT, NS}, PCfg<KT, TN, W, RT, NS>::kSmemBytes, &p_launch<KT, TN, W, RT, NS> }
 
 // Keep in sync with CUDA_P_VARIANTS in backends/cuda/w4a16_configs.py and the emulator driver (tests compare them).
 const PEntry kPEntries[] = {
@@ -127,37 +119,11 @@ const PEntry kPEntries[] = {
 #endif
 };
 
-// Kernel 6 (fp4_w4a16_stream_kernel: one pipeline across a CTA's work items, token-block items). Keep in sync with
-// CUDA_S_VARIANTS in backends/cuda/w4a16_configs.py and the emulator driver.
-const PEntry kSEntries[] = {
-    DG_FP4_SVARIANT(512, 8, 4, 2, 2),  // kernel 5's default tile (m8n128k512w4s2cp): bit-identical to it
-#ifndef DG_FP4_ONLY_FIRST
-    DG_FP4_SVARIANT(256, 8, 4, 2, 4),  // 256-k stages, 3 in flight, same 85 KB -> 2 CTAs
-    DG_FP4_SVARIANT(256, 8, 4, 2, 3),  // 64 KB, 167 regs -> 3 CTAs (12 warps per SM), 2 x 16 KB in flight each
-    DG_FP4_SVARIANT(256, 8, 8, 2, 5),  // 256 rows, 8 warps, 4 stages (128 KB of weights) in flight: 195 KB -> 1 CTA
-    DG_FP4_SVARIANT(512, 16, 4, 1, 2),  // kernel 5's 16-token default tile (m16n64k512w4s2cp)
-    DG_FP4_SVARIANT(512, 16, 4, 2, 2),  // 16 tokens x 128 rows: one pass over each slab for experts of 9-16 rows
-                                        // (decode batch 256), 209 regs, 101 KB -> 2 CTAs
-#endif
-};
-
-template <size_t N>
-const PEntry* p_find_in(const PEntry (&entries)[N], int kt, int tn, int warps, int rt, int stages) {
-  for (const PEntry& e : entries) {
+const PEntry* p_find(int kt, int tn, int warps, int rt, int stages) {
+  for (const PEntry& e : kPEntries) {
     if (e.v.kt == kt && e.v.tn == tn && e.v.warps == warps && e.v.rt == rt && e.v.stages == stages) return &e;
   }
   return nullptr;
-}
-
-const PEntry* p_find(int kt, int tn, int warps, int rt, int stages) {
-  return p_find_in(kPEntries, kt, tn, warps, rt, stages);
-}
-
-template <size_t N>
-std::vector<W4A16PVariant> variants_of(const PEntry (&entries)[N]) {
-  std::vector<W4A16PVariant> v;
-  for (const PEntry& e : entries) v.push_back(e.v);
-  return v;
 }
 
 int run_entry(const PEntry* e, std::uintptr_t a, std::uintptr_t packed, std::uintptr_t scales, std::uintptr_t offs,
@@ -176,7 +142,11 @@ int run_entry(const PEntry* e, std::uintptr_t a, std::uintptr_t packed, std::uin
 }  // namespace
 
 const std::vector<W4A16PVariant>& w4a16_p_variants() {
-  static const std::vector<W4A16PVariant> all = variants_of(kPEntries);
+  static const std::vector<W4A16PVariant> all = [] {
+    std::vector<W4A16PVariant> v;
+    for (const PEntry& e : kPEntries) v.push_back(e.v);
+    return v;
+  }();
   return all;
 }
 
@@ -189,23 +159,6 @@ int w4a16_p_grouped_launch(int kt, int tn, int warps, int rt, int stages, std::u
                            std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
                            std::uintptr_t stream) {
   return run_entry(p_find(kt, tn, warps, rt, stages), a, packed, scales, offs, out, m, n, k, g, stream);
-}
-
-const std::vector<W4A16PVariant>& w4a16_s_variants() {
-  static const std::vector<W4A16PVariant> all = variants_of(kSEntries);
-  return all;
-}
-
-int w4a16_s_smem_bytes(int kt, int tn, int warps, int rt, int stages, int g) {
-  const PEntry* e = p_find_in(kSEntries, kt, tn, warps, rt, stages);
-  return e == nullptr ? -1 : e->smem + s_extra_bytes(g);
-}
-
-int w4a16_s_grouped_launch(int kt, int tn, int warps, int rt, int stages, std::uintptr_t a, std::uintptr_t packed,
-                           std::uintptr_t scales, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g,
-                           std::uintptr_t stream) {
-  return run_entry(p_find_in(kSEntries, kt, tn, warps, rt, stages), a, packed, scales, offs, out, m, n, k, g,
-                   stream);
 }
 
 std::string w4a16_p_error_string() { return g_last_error; }

@@ -36,19 +36,13 @@ void run_cta(int threads, int warps, int smem_bytes, int bx, int by, int gx, Fn 
   for (auto* w : wb) delete w;
 }
 
-// The persistent kernel (kernel 5; kernel 6 with S) over a grid of `grid` CTAs (any size: each CTA strides over the
-// work items).
-template <int KT, int TN, int WARPS, int RT, int NS, bool S = false>
+// The persistent kernel (kernel 5) over a grid of `grid` CTAs (any size: each CTA strides over the work items).
+template <int KT, int TN, int WARPS, int RT, int NS>
 void run_p_grid(const dg_fp4::Fp4Args& p, int grid) {
   using C = dg_fp4::PCfg<KT, TN, WARPS, RT, NS>;
   for (int bx = 0; bx < grid; ++bx) {
-    if constexpr (S) {
-      run_cta(C::kThreads, WARPS, C::kSmemBytes + dg_fp4::s_extra_bytes(p.g), bx, 0, grid,
-              [&] { dg_fp4::fp4_w4a16_stream_kernel<KT, TN, WARPS, RT, NS>(p); });
-    } else {
-      run_cta(C::kThreads, WARPS, C::kSmemBytes + dg_fp4::p_extra_bytes(p.g), bx, 0, grid,
-              [&] { dg_fp4::fp4_w4a16_persistent_kernel<KT, TN, WARPS, RT, NS>(p); });
-    }
+    run_cta(C::kThreads, WARPS, C::kSmemBytes + dg_fp4::p_extra_bytes(p.g), bx, 0, grid,
+            [&] { dg_fp4::fp4_w4a16_persistent_kernel<KT, TN, WARPS, RT, NS>(p); });
   }
 }
 
@@ -132,27 +126,5 @@ extern "C" int emu_w4a16_p(int kt, int tn, int warps, int rt, int stages, const 
   DG_FP4_EMU_PCASE(256, 32, 4, 2, 3)
   DG_FP4_EMU_PCASE(512, 32, 8, 1, 2)
   DG_FP4_EMU_PCASE(256, 64, 8, 1, 3)
-  return -1;
-}
-
-// Kernel 6 (fp4_w4a16_stream_kernel), same arguments as emu_w4a16_p.
-extern "C" int emu_w4a16_s(int kt, int tn, int warps, int rt, int stages, const void* a, const void* packed,
-                           const void* scales, const void* offs, void* out, int m, int n, int k, int g, int late,
-                           int grid) {
-  emu::late = late != 0;
-  dg_fp4::Fp4Args p{static_cast<const __nv_bfloat16*>(a), static_cast<const uint8_t*>(packed),
-                    static_cast<const uint8_t*>(scales), static_cast<const int*>(offs),
-                    static_cast<__nv_bfloat16*>(out), m, n, k, g, 1u << 26};
-#define DG_FP4_EMU_SCASE(KT, TN, W, RT, NS)                                 \
-  if (kt == KT && tn == TN && warps == W && rt == RT && stages == NS) {     \
-    run_p_grid<KT, TN, W, RT, NS, true>(p, grid);                           \
-    return 0;                                                               \
-  }
-  DG_FP4_EMU_SCASE(512, 8, 4, 2, 2)
-  DG_FP4_EMU_SCASE(256, 8, 4, 2, 4)
-  DG_FP4_EMU_SCASE(256, 8, 4, 2, 3)
-  DG_FP4_EMU_SCASE(256, 8, 8, 2, 5)
-  DG_FP4_EMU_SCASE(512, 16, 4, 1, 2)
-  DG_FP4_EMU_SCASE(512, 16, 4, 2, 2)
   return -1;
 }

@@ -5,8 +5,8 @@ Dispatch (no host sync on the fast path, so it can be captured in a CUDA graph):
 * CUDA tensors -> the Triton kernel (`backends/cuda/triton_fp4_grouped.py`), unless
   DEEPINFER_DEEP_GEMM_BACKEND=reference (or Triton is not importable); or a compiled CUDA kernel for the
   memory-bound regime (`backends/cuda/cuda_fp4_grouped.py`: "kernel 5", the persistent one, and "kernel 4"): by
-  `config=` / DEEPINFER_DG_W4A16_CONFIG naming a kernel-4 (`...cu`), kernel-5 (`...cp`) or kernel-6 (`...cs`)
-  config, or by the impl choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only),
+  `config=` / DEEPINFER_DG_W4A16_CONFIG naming a kernel-4 (`...cu`) or kernel-5 (`...cp`) config,
+  or by the impl choice (env DEEPINFER_DG_W4A16_IMPL, default `DEFAULT_IMPL`): "triton" (Triton only),
   "auto" (CUDA when the rows-per-group estimate is <= CUDA_MAX_ROWS and `_C` has the kernel: kernel 5
   (`w4a16_configs.CUDA_P_BY_TN`) where `_C` has it and g <= CUDA_P_MAX_GROUPS, else kernel 4; Triton otherwise),
   "cuda" (CUDA wherever it can run: kernel 4's 64-token blocks above CUDA_MAX_ROWS rows per group), "cutlass_dq"
@@ -182,12 +182,9 @@ def _run_cuda(
     cfg: W4A16Config, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """Launch the CUDA kernel of `cfg` (5: persistent, 6: persistent with one pipeline per CTA, 4: one CTA per
-    (expert, slab)) on validated operands."""
+    """Launch the CUDA kernel of `cfg` (5: persistent, 4: one CTA per (expert, slab)) on validated operands."""
     from .backends.cuda import cuda_fp4_grouped as cu
 
-    if cfg.kernel == 6:
-        return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(a, packed, scales, offs, out, cfg)
     if cfg.kernel == 5:
         return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(a, packed, scales, offs, out, cfg)
     return cu.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda(a, packed, scales, offs, out, cfg)

@@ -21,12 +21,11 @@ import functools
 import torch
 
 from ..._backend import compiled_module
-from .w4a16_configs import CUDA_P_VARIANTS, CUDA_S_VARIANTS, CUDA_VARIANTS, W4A16Config, cuda_p_variant, cuda_variant
+from .w4a16_configs import CUDA_P_VARIANTS, CUDA_VARIANTS, W4A16Config, cuda_p_variant, cuda_variant
 
 __all__ = [
     "available", "applies", "compiled_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda",
     "available_p", "compiled_p_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p",
-    "available_s", "compiled_s_variants", "m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s",
 ]  # fmt: skip
 
 
@@ -174,68 +173,13 @@ def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p(
     `W4A16Config` (block_k = k per stage, 256 or 512). Raises ValueError for bad operands or config, RuntimeError
     when `_C` lacks the kernel or the variant."""
     missing = "deep_gemm._C lacks the persistent FP4 kernel (build with DEEPINFER_DEVICE=cuda)"
-    operands = (a, packed, scales, offs, out)
-    return _run_persistent(
-        operands, config, 5, ("CUDA_P_VARIANTS", CUDA_P_VARIANTS), available_p, compiled_p_variants, missing
-    )
-
-
-def _run_persistent(
-    operands: tuple,
-    config: W4A16Config,
-    kernel: int,
-    family: tuple[str, tuple],
-    available,
-    compiled_variants,
-    missing: str,
-) -> torch.Tensor:
-    """Kernel 5 or 6 (`kernel`) on (a, packed, scales, offs, out): the config checked against its family's
-    variants (`family`: (name, variants) of CUDA_P_VARIANTS / CUDA_S_VARIANTS), the operands checked, out allocated
-    when None, the launch checked against what `_C` was built with (`available`, `compiled_variants`; `missing`: the
-    error when it lacks the kernel), then launched. Returns out."""
-    a, packed, scales, offs, out = operands
-    variant = cuda_p_variant(config) if config.kernel == kernel else None
-    if variant not in family[1]:
-        raise ValueError(f"config: expected a kernel-{kernel} config of {family[0]}, got {config.name!r}")
+    variant = cuda_p_variant(config) if config.kernel == 5 else None
+    if variant not in CUDA_P_VARIANTS:
+        raise ValueError(f"config: expected a kernel-5 config of CUDA_P_VARIANTS, got {config.name!r}")
     _check_p_operands(a, packed, scales, offs, out)
     if out is None:
         out = torch.empty((a.shape[0], packed.shape[1]), dtype=torch.bfloat16, device=a.device)
-    compiled = compiled_variants() if available() else None
+    compiled = compiled_p_variants() if available_p() else None
     extra_ok = offs.is_cuda and out.is_cuda and out.data_ptr() % 2 == 0
     _check_launchable(config, variant, compiled, missing, a, packed, scales, extra_ok)
-    entry = _module().fp4_w4a16_p_grouped if kernel == 5 else _module().fp4_w4a16_s_grouped
-    return _launch(entry, variant, a, packed, scales, offs, out)
-
-
-# ---- kernel 6 (session 6, by name only): kernel 5's tiles in one cp.async pipeline per CTA across its work items,
-# (token block, slab) work items (csrc/cuda/dg_fp4_persistent.cuh, fp4_w4a16_stream_kernel).
-
-
-def available_s() -> bool:
-    """True when `_C` has kernel 6."""
-    mod = _module()
-    return mod is not None and hasattr(mod, "fp4_w4a16_s_grouped")
-
-
-def compiled_s_variants() -> tuple[tuple[int, int, int, int, int], ...]:
-    """(kt, tn, warps, rt, stages) of every kernel-6 variant `_C` was built with (empty without it)."""
-    return tuple(tuple(v) for v in _module().fp4_w4a16_s_variants()) if available_s() else ()
-
-
-def m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s(
-    a: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
-    offs: torch.Tensor,
-    out: torch.Tensor | None,
-    config: W4A16Config,
-) -> torch.Tensor:
-    """Kernel 6 on the operands of `m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p` (same contract: a bf16 [m, k],
-    packed [g, n, k/2], scales [g, n, k/32] E8M0 bytes, offs int32 [g] cumulative ends read on the device, out bf16
-    [m, n] or None to allocate; rows past offs[-1] are not written). config: a kernel-6 `W4A16Config` (`...cs`).
-    Raises ValueError for bad operands or config, RuntimeError when `_C` lacks the kernel or the variant."""
-    missing = "deep_gemm._C lacks FP4 kernel 6 (rebuild this tree with DEEPINFER_DEVICE=cuda)"
-    operands = (a, packed, scales, offs, out)
-    return _run_persistent(
-        operands, config, 6, ("CUDA_S_VARIANTS", CUDA_S_VARIANTS), available_s, compiled_s_variants, missing
-    )
+    return _launch(_module().fp4_w4a16_p_grouped, variant, a, packed, scales, offs, out)

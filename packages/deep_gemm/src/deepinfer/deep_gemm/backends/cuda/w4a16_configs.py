@@ -22,14 +22,19 @@ __all__ = [
     "W4A16Config", "DECODE", "PREFILL", "PREFILL_256", "V3_DECODE", "SWEEP", "default_config", "parse_config",
     "rows_per_group", "CUDA_VARIANTS", "CUDA_MAX_ROWS", "CUDA_SWEEP", "cuda_config", "cuda_variant",
     "CUDA_P_VARIANTS", "CUDA_P_SWEEP", "cuda_p_variant", "CUDA_P_BY_TN", "CUDA_DEFAULT_KERNEL", "CUDA_P_MAX_GROUPS",
-    "CUDA_S_VARIANTS", "CUDA_S_NAMES", "CUDA_S_SWEEP", "CUDA_KERNELS",
+    "CUDA_KERNELS",
 ]  # fmt: skip
 
 
-# The compiled CUDA kernels' numbers and their config-name suffixes (4: one CTA per (expert, slab); 5: persistent;
-# 6: persistent with one pipeline per CTA).
-CUDA_KERNELS = (4, 5, 6)
-_CUDA_TAILS = {4: "cu", 5: "cp", 6: "cs"}
+# The compiled CUDA kernels' numbers and their config-name suffixes (4: one CTA per (expert, slab); 5: persistent).
+# Session 6's kernel 6 (`...cs`: kernel 5's tiles in one pipeline per CTA) lost to kernel 5 everywhere and was removed
+# in session 9; its names now fail in `parse_config` with an error naming the known kernels.
+CUDA_KERNELS = (4, 5)
+_CUDA_TAILS = {4: "cu", 5: "cp"}
+_KNOWN_KERNELS = (
+    "kernel 1 'm16n64k128w2s3', kernel 2 '...v2', kernel 3 '...v3' (+ 'f' fold, 'x2' split-K), CUDA kernel 4 "
+    "'...cu' (e.g. 'm8n64k256w4s4cu'), CUDA kernel 5 '...cp' (e.g. 'm8n128k512w4s2cp')"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +47,7 @@ class W4A16Config:
     block_n = rows per CTA = num_warps * 16 * (1 or 2); block_k must be 256; one of `CUDA_VARIANTS`), 5 = its
     persistent variant (`csrc/cuda/dg_fp4_persistent.cuh`, same wrapper module,
     `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_p`; the API's default up to CUDA_MAX_ROWS rows
-    per group; block_k = k per stage, 256 or 512; one of `CUDA_P_VARIANTS`; names end in `cp`), 6 = kernel 5's tiles
-    in one cp.async pipeline per CTA across its work items, with token-block work items (same kernel file,
-    `cuda_fp4_grouped.m_grouped_bf16_fp4_gemm_nt_contiguous_cuda_s`; session 6, by name only; one of
-    `CUDA_S_VARIANTS`; names end in `cs`; bit-identical to kernel 5 with the same tiles).
+    per group; block_k = k per stage, 256 or 512; one of `CUDA_P_VARIANTS`; names end in `cp`).
     Kernel 3 only: fold = one multiply by 2^(s-1) per two weights (exact for scale bytes <= 128 only, see
     the kernel's docstring); split_k in {1, 2, 4, 8} = k splits with fp32 partials and a reduce kernel."""
 
@@ -59,6 +61,10 @@ class W4A16Config:
     split_k: int = 1
 
     def __post_init__(self) -> None:
+        if self.kernel not in (1, 2, 3, 4, 5):
+            raise ValueError(
+                f"kernel: expected 1, 2, 3, 4 or 5 (kernel 6 was removed in session 9), got {self.kernel!r}"
+            )
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             low = 8 if name == "block_m" and self.kernel in CUDA_KERNELS else 16  # CUDA kernels: MMA N side 8 tokens
@@ -70,16 +76,11 @@ class W4A16Config:
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages: expected an int in [1, 8], got {self.num_stages!r}")
-        if self.kernel not in (1, 2, 3, 4, 5, 6):
-            raise ValueError(f"kernel: expected 1, 2, 3, 4, 5 or 6, got {self.kernel!r}")
         if self.kernel == 4 and cuda_variant(self) not in CUDA_VARIANTS:
             raise ValueError(f"kernel 4: expected one of the compiled CUDA variants {sorted(CUDA_NAMES)}, got "
                              f"{self.name!r}")  # fmt: skip
         if self.kernel == 5 and cuda_p_variant(self) not in CUDA_P_VARIANTS:
             raise ValueError(f"kernel 5: expected one of the compiled persistent CUDA variants {sorted(CUDA_P_NAMES)}, "
-                             f"got {self.name!r}")  # fmt: skip
-        if self.kernel == 6 and cuda_p_variant(self) not in CUDA_S_VARIANTS:
-            raise ValueError(f"kernel 6: expected one of the compiled kernel-6 CUDA variants {sorted(CUDA_S_NAMES)}, "
                              f"got {self.name!r}")  # fmt: skip
         if self.split_k not in (1, 2, 4, 8):
             raise ValueError(f"split_k: expected 1, 2, 4 or 8, got {self.split_k!r}")
@@ -104,17 +105,20 @@ class W4A16Config:
 def parse_config(name: str) -> W4A16Config:
     """'m16n64k128w2s3' -> W4A16Config(16, 64, 128, 2, 3); '...v2' -> kernel 2; '...v3', '...v3f', '...v3fx2'
     -> kernel 3 (fold, split_k 2); 'm8n128k256w4s4cu' -> kernel 4 (CUDA); ValueError for anything else (including
-    fold / split on kernels 1-2 and CUDA variants that are not compiled); '...cp' -> kernel 5 (persistent CUDA);
-    '...cs' -> kernel 6 (kernel 5's tiles in one pipeline per CTA)."""
-    cuda = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(cu|cp|cs)", name)
+    fold / split on kernels 1-2 and CUDA variants that are not compiled); '...cp' -> kernel 5 (persistent CUDA).
+    Other 'c...' suffixes (e.g. the removed kernel 6's '...cs') raise a ValueError naming the known kernels."""
+    cuda = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(c[a-z0-9]*)", name)
     if cuda is not None:
         *ints, tail = cuda.groups()
-        return W4A16Config(*(int(v) for v in ints), kernel={v: k for k, v in _CUDA_TAILS.items()}[tail])
+        kernel = {v: k for k, v in _CUDA_TAILS.items()}.get(tail)
+        if kernel is None:
+            removed = " (kernel 6, '...cs', was removed in session 9)" if tail == "cs" else ""
+            raise ValueError(f"config: unknown CUDA kernel suffix {tail!r}{removed}; expected one of "
+                             f"{_KNOWN_KERNELS}, got {name!r}")  # fmt: skip
+        return W4A16Config(*(int(v) for v in ints), kernel=kernel)
     match = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:v([23]))?(f)?(?:x(\d+))?", name)
     if match is None:
-        raise ValueError(
-            f"config: expected a name like 'm16n64k128w2s3', '...v2' or 'm16n64k128w2s3v3fx2', got {name!r}"
-        )
+        raise ValueError(f"config: expected a name of {_KNOWN_KERNELS}, got {name!r}")
     *ints, kern, fold, split = match.groups()
     kernel = int(kern) if kern else 1
     return W4A16Config(*(int(v) for v in ints), kernel=kernel, fold=bool(fold), split_k=int(split or 1))
@@ -254,7 +258,7 @@ CUDA_P_NAMES = tuple(f"m{t}n{w * r * 16}k{kt}w{w}s{s}cp" for kt, t, w, r, s in C
 
 
 def cuda_p_variant(cfg: W4A16Config) -> tuple[int, int, int, int, int] | None:
-    """(kt, tn, warps, rt, stages) of a kernel-5 or kernel-6 config (None when its tiles cannot map to them)."""
+    """(kt, tn, warps, rt, stages) of a kernel-5 config (None when its tiles cannot map to them)."""
     rt, rem = divmod(cfg.block_n, 16 * cfg.num_warps)
     if rem or cfg.block_k not in (256, 512):
         return None
@@ -269,32 +273,6 @@ def _cp(kt: int, tn: int, warps: int, rt: int, stages: int) -> W4A16Config:
 CUDA_P_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
     tn: tuple(_cp(*v) for v in CUDA_P_VARIANTS if v[1] == tn) for tn in (8, 16, 32, 64)
 }
-
-# ---- kernel 6 (csrc/cuda/dg_fp4_persistent.cuh, fp4_w4a16_stream_kernel; session 6, by name only): kernel 5's tiles,
-# loader and dequantisation in ONE cp.async pipeline per CTA that runs across work items (kernel 5 drains and refills
-# it per item: one exposed load latency per k / block_k stages), and (token block, slab) work items (every item one
-# pass over its slab: a balanced split when some experts have more than block_m rows). Same math and accumulation
-# order as kernel 5: bit-identical to the kernel-5 config with the same tiles. Keep in sync with kSEntries in
-# csrc/cuda/dg_fp4_persistent.cu and the emulator driver.
-CUDA_S_VARIANTS: tuple[tuple[int, int, int, int, int], ...] = (
-    (512, 8, 4, 2, 2),  # kernel 5's 8-token default tile (m8n128k512w4s2cp)
-    (256, 8, 4, 2, 4),  # 256-k stages, three in flight, the same 85 KB (2 CTAs per SM)
-    (256, 8, 4, 2, 3),  # 64 KB and 167 registers: 3 CTAs (12 warps) per SM, two 16 KB stages in flight each
-    (256, 8, 8, 2, 5),  # 256 rows, 8 warps, four 32 KB stages in flight (195 KB: 1 CTA per SM)
-    (512, 16, 4, 1, 2),  # kernel 5's 16-token default tile (m16n64k512w4s2cp)
-    (512, 16, 4, 2, 2),  # 16 tokens x 128 rows: one pass per slab for 9-16-row experts (209 registers, 2 CTAs)
-)  # fmt: skip
-CUDA_S_NAMES = tuple(f"m{t}n{w * r * 16}k{kt}w{w}s{s}cs" for kt, t, w, r, s in CUDA_S_VARIANTS)
-
-
-def _cs(kt: int, tn: int, warps: int, rt: int, stages: int) -> W4A16Config:
-    return W4A16Config(tn, warps * rt * 16, kt, num_warps=warps, num_stages=stages, kernel=6)
-
-
-CUDA_S_SWEEP: dict[int, tuple[W4A16Config, ...]] = {
-    tn: tuple(_cs(*v) for v in CUDA_S_VARIANTS if v[1] == tn) for tn in (8, 16, 32, 64)
-}
-
 
 # The API's kernel-5 config per tokens-per-block (`cuda_config`). Session 5 H200 run (build/s5/r1, 256 experts,
 # n 4096, k 4096 / 2048, `dg_w4a16[...cp]` rows): m8n128k512w4s2cp was the fastest kernel-5 config on all four
