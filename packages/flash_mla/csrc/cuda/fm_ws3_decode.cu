@@ -97,13 +97,20 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     exchange: one named barrier per tile instead of two); it publishes P, alpha and the running max, and warpgroup
 //     1 only rescales its O half and runs its P @ V. Row sums over all 64 keys in warpgroup 0 (warpgroup 1's stay 0),
 //     so lse / out differ from ws3p in the last bits.
-//   kOptCvt (session 7; built in fm_ws3c_decode.cu only, as opt 24 = ws3p1 + kOptCvt: "ws3p1c"): the FP8 producer's
-//     dequant8c instead of dequant8 (e4m3 -> f16 -> bf16 by the exact one-instruction cvts, then one bf16x2 multiply
-//     by the bf16 scale: 22 instead of 26 instructions per 8 bytes, no fp32 round trip). Same bits as without it.
-//   kOptCvtHalf (session 7, fm_ws3c_decode.cu only, opt 40 = ws3p1 + kOptCvtHalf: "ws3p1h"): half of each 8 bytes
-//     (the low e4m3 pair of each word) by dequant8c's path, the other half by dequant8's, so the conversion pipe
-//     (F2F) and the fp32 pipe share the work. Same bits as without it.
-constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptCvt = 16, kOptCvtHalf = 32;
+//   kOptVec (session 9; built in fm_ws3v_decode.cu only, as opt 24 = ws3p1 + kOptVec: "ws3p1v"): fp8v_tile instead
+//     of fp8_tile. Lane-uniform FP8 producer: lane u (0..27) dequantises the row's 16-byte e4m3 unit u (16 values,
+//     ONE scale byte u / 4, loaded by the lane itself: no shuffles), lanes 28..31 repeat lane 27's unit (same loads,
+//     same stores: no branch); the 128 RoPE bytes of the warp's 16 rows are copied by a separate pass (16 bytes per
+//     lane and row). Conversion per e4m3 pair: cvt to f16x2, f16 -> f32 (exact), pack to bf16x2 (exact: e4m3 values
+//     are bf16 numbers), one bf16x2 multiply by bf16x2_scale(sb) (session 7's dequant8c multiply: same bits as
+//     dequant8, GPU-tested over every code in s7). Rows in 4 batches of 4, 8 rows (40 registers) in flight: the
+//     first 8 and the RoPE loads before the stage wait, then each stored row's registers reloaded with the row 8
+//     further; one predicated asm block loads a row (one setp, immediate offsets); the row loop is not unrolled (code
+//     size: the session-9 profile's no_inst stalls). Lanes alternate which of their two chunks they store first,
+//     so every STS.128 wavefront is bank-conflict free. SASS per tile and producer warp (nvcc 13.0): ~1,069 executed
+//     instructions, 671 static (fp8_tile: ~1,776 both). Same bits as without it. (The session-7 kOptCvt /
+//     kOptCvtHalf builds, ws3p1c / ws3p1h, 0.89-0.97x, were removed in session 9.)
+constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -298,59 +305,9 @@ __device__ __forceinline__ uint4 dequant8(uint2 b, float s) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// dequant8's scale byte sb as the bf16x2 multiplier of dequant8c: 2^(sb - 127) in both halves (sb 0: +0, as
-// dequant8's 0.0f; sb 255: bf16 NaN 0x7fc0, as dequant8's 0x7fc00000 rounded).
+// dequant8's scale byte sb as the bf16x2 multiplier of dequant8v (kOptVec): 2^(sb - 127) in both halves (sb 0: +0,
+// as dequant8's 0.0f; sb 255: bf16 NaN 0x7fc0, as dequant8's 0x7fc00000 rounded).
 __device__ __forceinline__ uint32_t bf16x2_scale(uint32_t sb) { return sb == 255u ? 0x7fc07fc0u : (sb << 7) * 0x10001u; }
-
-// kOptCvt: dequant8 with the same results bit for bit. Why equal: every e4m3 value (and NaN) is exact in f16 and in
-// bf16 (3 mantissa bits, exponents 2^-9 .. 2^8), so e4m3 -> f16 -> bf16 loses nothing; dequant8's fp32 product
-// e4m3 * 2^(sb - 127) is exact (>= 2^-135, 4 significant bits: above fp32's 2^-149 subnormal step; an overflow is
-// inf in both), so its only rounding is the final fp32 -> bf16 RN, and fma.rn.bf16x2 (x * m - 0) rounds the same
-// exact product once to bf16 RN (subnormals kept: bf16 fma has no flush). Signed zeros: x * 0 - 0 keeps x's sign
-// (-0 + -0 = -0, +0 + -0 = +0), as x * 0.0f does; NaN in, canonical NaN out (0x7fff), as the fp32 path's cvt.
-__device__ __forceinline__ uint32_t bf16x2_of_e4m3x2(uint32_t pair) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair & 0xffffu), __NV_E4M3);
-  unsigned short lo, hi;
-  asm("cvt.rn.bf16.f16 %0, %1;\n" : "=h"(lo) : "h"(hr.x));
-  asm("cvt.rn.bf16.f16 %0, %1;\n" : "=h"(hi) : "h"(hr.y));
-  return (uint32_t)lo | ((uint32_t)hi << 16);
-}
-
-// 8 e4m3 bytes times the bf16x2 scale m2 (bf16x2_scale) -> 8 bf16, bit-identical to dequant8 (see above).
-__device__ __forceinline__ uint4 dequant8c(uint2 b, uint32_t m2) {
-  const uint32_t w[2] = {b.x, b.y};
-  const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&m2);
-  uint32_t o[4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t x = bf16x2_of_e4m3x2(w[h] >> (16 * k));
-      const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), m);
-      o[2 * h + k] = *reinterpret_cast<const uint32_t*>(&r);
-    }
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-// kOptCvtHalf: pairs 0 and 2 of the 8 bytes by dequant8c's path (bf16 multiplier m2), pairs 1 and 3 by dequant8's
-// (fp32 scale s); the same bits as either.
-__device__ __forceinline__ uint4 dequant8h(uint2 b, uint32_t m2, float s) {
-  const uint32_t w[2] = {b.x, b.y};
-  const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&m2);
-  uint32_t o[4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t x = bf16x2_of_e4m3x2(w[h]);
-    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), m);
-    o[2 * h] = *reinterpret_cast<const uint32_t*>(&r);
-    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[h] >> 16), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
-    __nv_bfloat162 bb = __floats2bfloat162_rn(f.x * s, f.y * s);
-    o[2 * h + 1] = *reinterpret_cast<uint32_t*>(&bb);
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
 
 // ------------------------------------------------------------------------------------------------ producers
 
@@ -386,9 +343,8 @@ __device__ __forceinline__ void fp8_load(uint2 (&v)[B][3], const int* rows, cons
   }
 }
 
-// The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0). CVT: 0
-// dequant8, 1 dequant8c (kOptCvt), 2 dequant8h (kOptCvtHalf).
-template <int B = kFp8Batch, int CVT = 0>
+// The batch loaded by fp8_load, dequantised into the bf16 stage (a hole: zero data, scale word 0 -> 0).
+template <int B = kFp8Batch>
 __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3], int r0, int lane) {
 #pragma unroll
   for (int i = 0; i < B; ++i) {
@@ -403,15 +359,8 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3]
       if (u < 56) {
         const int k = u >> 3;  // scale byte k of the word
         const uint32_t sb = ((k < 4 ? sw.x : sw.y) >> (8 * (k & 3))) & 0xffu;
-        if constexpr (CVT == 1) {
-          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8c(v[i][m], bf16x2_scale(sb));
-        } else if constexpr (CVT == 2) {
-          const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
-          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8h(v[i][m], bf16x2_scale(sb), s);
-        } else {
-          const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
-          *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8(v[i][m], s);
-        }
+        const float s = sb == 255u ? __int_as_float(0x7fc00000) : __int_as_float((int)(sb << 23));
+        *reinterpret_cast<uint4*>(stage + swz(r, u, kBN)) = dequant8(v[i][m], s);
       } else {
         const int e = u - 56;  // RoPE dims 448 + 4 e .. + 3: half (e & 1) of chunk 56 + e / 2
         *reinterpret_cast<uint2*>(stage + swz(r, 56 + (e >> 1), kBN) + (e & 1) * 8) = v[i][m];
@@ -421,8 +370,8 @@ __device__ __forceinline__ void fp8_store(uint8_t* stage, const uint2 (&v)[B][3]
 }
 
 // One FP8 tile by the 4 producer warps (warp W: rows 16 W .. 16 W + 15). The first batch is loaded before waiting for
-// the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage. CVT: fp8_store's.
-template <bool EXTRA, bool WIDE = false, int CVT = 0>
+// the stage (wait: j >= kStages), then t < 64 publish the consumers' row ids of the stage.
+template <bool EXTRA, bool WIDE = false>
 __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& kv, bool wait, uint32_t bar,
                                          uint32_t parity, int* s_rows_st, int cur, int t) {
   // warp / lane re-read per tile (opaque to the compiler): otherwise it hoists every per-row offset out of the tile
@@ -435,16 +384,153 @@ __device__ __forceinline__ void fp8_tile(uint8_t* stage, const int* rows, const 
     fp8_load<EXTRA, 2 * kFp8Batch>(w, rows, kv, r0, lane);
     if (wait) mbar_wait(bar, parity);
     if (t < kBN) s_rows_st[t] = cur;
-    fp8_store<2 * kFp8Batch, CVT>(stage, w, r0, lane);
+    fp8_store<2 * kFp8Batch>(stage, w, r0, lane);
     return;
   }
   uint2 v[kFp8Batch][3];
   fp8_load(v, rows, kv, r0, lane);
   if (wait) mbar_wait(bar, parity);
   if (t < kBN) s_rows_st[t] = cur;
-  fp8_store<kFp8Batch, CVT>(stage, v, r0, lane);
+  fp8_store(stage, v, r0, lane);
   fp8_load(v, rows, kv, r0 + kFp8Batch, lane);
-  fp8_store<kFp8Batch, CVT>(stage, v, r0 + kFp8Batch, lane);
+  fp8_store(stage, v, r0 + kFp8Batch, lane);
+}
+
+// ------------------------------------------------------------------ kOptVec: the lane-uniform FP8 producer (fp8v_tile)
+// One row of a lane's unit: 8 bytes at p (first), 8 at p2 (second) and the scale byte at ps, all predicated on
+// row >= 0 (a hole: zeros) in one block (one predicate: fewer instructions than three separate predicated loads).
+__device__ __forceinline__ void ldg_unit_if(const uint8_t* p, const uint8_t* p2, const uint8_t* ps, int row, uint2& lo,
+                                            uint2& hi, uint32_t& sb) {
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ge.s32 q, %8, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+      "mov.b32 %4, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%5];\n@q ld.global.nc.v2.u32 {%2, %3}, [%6];\n"
+      "@q ld.global.nc.u8 %4, [%7];\n}\n"
+      : "=r"(lo.x), "=r"(lo.y), "=r"(hi.x), "=r"(hi.y), "=r"(sb)
+      : "l"(p), "l"(p2), "l"(ps), "r"(row));
+}
+// Per-lane bases of fp8v_tile's loads (row * 584 is added per row): first / second 8 bytes of the unit, scale byte.
+struct Fp8vBase {
+  const uint8_t *k1, *k2, *ks;
+};
+__device__ __forceinline__ void sts128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// 8 e4m3 bytes times the bf16x2 multiplier m2 = bf16x2_scale(sb) -> 8 bf16, bit-identical to dequant8(b, 2^(sb-127)):
+// e4m3 -> f16 -> f32 -> bf16 is exact (every e4m3 value and NaN is a bf16 number; NaN becomes the canonical NaN),
+// then ONE rounding of the exact product e4m3 * 2^(sb - 127) by the bf16x2 multiply (no flush of bf16 subnormals,
+// signed zeros and NaN as dequant8's fp32 multiply and cvt: session 7's dequant8c argument and GPU test; the CPU
+// emulation is tests/test_mla_fp8v.py::test_dequant8v_emulation_equals_dequant8). 5 instructions per pair (dequant8: 6
+// and a shift per word: the high pair's cvt reads the register's upper half here, F2FP ... R.H1).
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+__device__ __forceinline__ uint4 dequant8v(uint2 b, uint32_t m2) {
+  const uint32_t w[2] = {b.x, b.y};
+  const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&m2);
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t hp[2];
+    e4m3x4_to_f16x2x2(w[h], hp[0], hp[1]);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hp[k]));
+      const __nv_bfloat162 x = __floats2bfloat162_rn(f.x, f.y);  // exact
+      const __nv_bfloat162 r = __hmul2(x, m);
+      o[2 * h + k] = *reinterpret_cast<const uint32_t*>(&r);
+    }
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// 4 rows of one lane's 16-byte e4m3 unit: 2 x 8 bytes (rows are only 8-byte aligned: 584 = 8 x 73) and its scale byte.
+struct Fp8vRows {
+  uint2 lo[4], hi[4];
+  uint32_t sb[4];
+};
+__device__ __forceinline__ void fp8v_load_row(Fp8vRows& v, int i, int row, const Fp8vBase& kb) {
+  const int64_t o = (int64_t)row * kFp8Row;
+  ldg_unit_if(kb.k1 + o, kb.k2 + o, kb.ks + o, row, v.lo[i], v.hi[i], v.sb[i]);
+}
+// Rows rows[0..3] (shared memory, 16-byte aligned) of the cache into v.
+__device__ __forceinline__ void fp8v_load4(Fp8vRows& v, const int* rows, const Fp8vBase& kb) {
+  const int4 r4 = *reinterpret_cast<const int4*>(rows);
+  const int rr[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) fp8v_load_row(v, i, rr[i], kb);
+}
+// Stores 4 rows I0 .. I0 + 3 (mod 8: the swizzle phase; rows 8 k + I0 + i of the warp) of the unit as its chunks
+// 2u + h and 2u + 1 - h (8 bf16 each, v.lo then v.hi; h = (u / 4) % 2): base = stage + sub-tile (u / 4) + row 0 of the
+// warp (+ 8 k rows), l5 = ((2u + h) % 8) << 4. Why h: the 8 lanes of a quarter warp (one STS.128 wavefront) then
+// write 4 even and 4 odd chunk positions of their rows (8 different bank groups: no conflict); with chunk 2u first
+// for all, lanes u and u + 4 would share a bank group (2 wavefronts).
+// reload: each row's registers are refilled with row nrows[i] (8 rows further) as soon as that row is stored, so the
+// next batch's loads go out one row at a time, not after the whole batch.
+template <int I0>
+__device__ __forceinline__ void fp8v_store4(uint32_t base, Fp8vRows& v, uint32_t l5, bool reload, const int* nrows,
+                                            const Fp8vBase& kb) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t a = base + (uint32_t)(I0 + i) * 128u + (l5 ^ (uint32_t)(((I0 + i) & 7) << 4));
+    const uint32_t m2 = bf16x2_scale(v.sb[i]);
+    sts128(a, dequant8v(v.lo[i], m2));
+    sts128(a ^ 16u, dequant8v(v.hi[i], m2));  // the other chunk: bit 4 of a comes from the swizzle term only
+    if (reload) fp8v_load_row(v, i, nrows[i], kb);
+  }
+}
+
+// kOptVec's FP8 tile (fp8_tile's contract, single cache): warp W's rows 16 W .. 16 W + 15 in 4 batches of 4 rows (8
+// rows in flight: rows 8.. reload a row's registers as soon as it is stored), plus one RoPE pass (lane l: 16-byte
+// RoPE chunk l % 8 of rows l / 8 + 4 j, j = 0..3). The first two batches and the RoPE loads are issued before the
+// stage wait.
+__device__ __forceinline__ void fp8v_tile(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
+                                          uint32_t parity, int* s_rows_st, int cur, int t) {
+  uint32_t tx;  // re-read per tile (opaque): keeps the per-lane offsets from being hoisted and spilled (fp8_tile)
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
+  const int r0 = 16 * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
+  const int u = min(lane, 27);  // lanes 28..31 repeat lane 27's unit (identical data to identical addresses)
+  const int h = (u >> 2) & 1;  // this lane's first chunk: 2u + h (fp8v_store4)
+  // per-lane bases, opaque: else the compiler splits them into (row * 584 + lane offset) + kv, 3 instructions a load
+  Fp8vBase kb;
+  const uint8_t* kvr;
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.k1) : "l"(kv + 16 * u + 8 * h));
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.k2) : "l"(kv + 16 * u + 8 - 8 * h));
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.ks) : "l"(kv + 576 + (u >> 2)));
+  const int* wrows = rows + r0;
+  Fp8vRows a, b;
+  fp8v_load4(a, wrows, kb);
+  fp8v_load4(b, wrows + 4, kb);
+  uint2 rp[4][2];  // RoPE: rows r0 + (lane >> 3) + 4 j, bytes 448 + 16 (lane & 7) ..
+  const int e = lane & 7, rl = lane >> 3;
+  asm("mov.b64 %0, %1;\n" : "=l"(kvr) : "l"(kv + 448 + 16 * e));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = wrows[rl + 4 * j];
+    uint32_t unused;
+    const uint8_t* p = kvr + (int64_t)row * kFp8Row;
+    ldg_unit_if(p, p + 8, p, row, rp[j][0], rp[j][1], unused);  // (the byte load of p itself: one more, harmless)
+  }
+  if (wait) mbar_wait(bar, parity);
+  if (t < kBN) s_rows_st[t] = cur;
+  const uint32_t st = smem_u32(stage);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // RoPE chunk 56 + e of row r0 + rl + 4 j: sub-tile 7, phase (rl + 4 j) % 8
+    const uint32_t addr =
+        st + 7u * kSub + (uint32_t)(r0 + rl + 4 * j) * 128u + (uint32_t)((e ^ ((rl + 4 * j) & 7)) << 4);
+    sts128(addr, make_uint4(rp[j][0].x, rp[j][0].y, rp[j][1].x, rp[j][1].y));
+  }
+  const uint32_t base = st + (uint32_t)(u >> 2) * kSub + (uint32_t)r0 * 128u;
+  const uint32_t l5 = ((uint32_t)(u & 3) << 5) | ((uint32_t)h << 4);
+#pragma unroll 1
+  for (int k = 0; k < 2; ++k) {  // rows 8 k .. 8 k + 7 of the warp: a = the first 4, b = the next 4
+    const uint32_t bk = base + (uint32_t)k * 1024u;
+    fp8v_store4<0>(bk, a, l5, k == 0, wrows + 8, kb);  // k 0: rows 8..11 into a, row by row
+    fp8v_store4<4>(bk, b, l5, k == 0, wrows + 12, kb);
+  }
 }
 
 // EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
@@ -1002,9 +1088,13 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
     const int* rows = prow + (g & 1) * kBN;
     uint8_t* stage = smem + Smem::ring + s * kStageBytes;
     if constexpr (FP8) {
-      constexpr int kCvt = (OPT & kOptCvt) != 0 ? 1 : (OPT & kOptCvtHalf) != 0 ? 2 : 0;
-      fp8_tile<false, (OPT & kOptWideFp8) != 0, kCvt>(stage, rows, kv, wait, bar_empty + 8 * s, parity,
-                                                      s_rows + s * kBN, cur, t);
+      if constexpr ((OPT & kOptVec) != 0) {
+        static_assert((OPT & kOptWideFp8) == 0, "kOptVec has its own batching (88 producer registers)");
+        fp8v_tile(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+      } else {
+        fp8_tile<false, (OPT & kOptWideFp8) != 0>(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN,
+                                                  cur, t);
+      }
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
       if (t < kBN && nxt >= 0) {
@@ -1271,21 +1361,20 @@ static int launch_persist_opt(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   }
 }
 
-#ifdef FM_WS3_CVT_TU
-// fm_ws3c_decode.cu (this file included with FM_WS3_CVT_TU): the kOptCvt builds only, so that this file's own
+#ifdef FM_WS3_VEC_TU
+// fm_ws3v_decode.cu (this file included with FM_WS3_VEC_TU): the kOptVec builds only, so that this file's own
 // instances (and the compile test counting them) stay as they were. FP8 only (BF16 has no dequant: the Python side
-// runs the same opt without kOptCvt through fm_ws3p_launch_opt).
-static int launch_persist_cvt(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
+// runs the same opt without kOptVec through fm_ws3p_launch_opt).
+static int launch_persist_vec(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
   switch (opt) {
     case 24: return launch_persist<true, 24>(a, max_ctas, s);
-    case 40: return launch_persist<true, 40>(a, max_ctas, s);
     default: return (int)cudaErrorInvalidValue;
   }
 }
 #endif
 }  // namespace fm_ws3
 
-#ifndef FM_WS3_CVT_TU
+#ifndef FM_WS3_VEC_TU
 int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist_opt<true>(a, max_ctas, opt, s)
@@ -1320,4 +1409,4 @@ int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist<true>(a, max_ctas, s) : fm_ws3::launch_persist<false>(a, max_ctas, s);
 }
-#endif  // FM_WS3_CVT_TU
+#endif  // FM_WS3_VEC_TU

@@ -41,8 +41,7 @@ int fm_ws3p_launch(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, uintptr_t
 // 7, 8, 10; another opt returns cudaErrorInvalidValue.
 int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
 
-// ws3p's kOptCvt builds (session 7, fm_ws3c_decode.cu; NOT GPU-run before its session-7 measuring run): opt 24 =
-// ws3p1 (8) + kOptCvt (16), the FP8 producer's cheaper exact dequant, or 40 = ws3p1 + kOptCvtHalf (32), half of the
-// dequant that way (both the same bits as opt 8). FP8 only: fp8 false (or
-// another opt) returns cudaErrorInvalidValue (the BF16 cache has no dequant: run opt & ~16 via fm_ws3p_launch_opt).
-int fm_ws3p_launch_cvt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
+// ws3p's kOptVec build (session 9, fm_ws3v_decode.cu; NOT GPU-run before its session-9 measuring run): opt 24 =
+// ws3p1 (8) + kOptVec (16), the lane-uniform FP8 producer (fp8v_tile), bit-identical to opt 8. FP8 only: fp8 false
+// (or another opt) returns cudaErrorInvalidValue (the BF16 cache has no dequant: run opt 8 via fm_ws3p_launch_opt).
+int fm_ws3p_launch_vec(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);

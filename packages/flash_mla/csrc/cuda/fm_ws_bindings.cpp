@@ -107,29 +107,28 @@ static void sparse_decode_ws3p_opt(uintptr_t q, uintptr_t kv, uintptr_t idx, uin
                              "): " + fm_ws_error_string(rc));
 }
 
-// ws3p's kOptCvt builds (fm_ws3p_launch_cvt, session 7, fm_ws3c_decode.cu): sparse_decode_ws3p_opt's arguments; FP8
-// cache only, opt 24 (ws3p1 + the cheaper exact FP8 dequant) or 40 (ws3p1 + half of the dequant that way).
-static void sparse_decode_ws3p_cvt(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
+// ws3p's kOptVec build (fm_ws3p_launch_vec, session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments; FP8
+// cache only, opt 24 (ws3p1 + the lane-uniform FP8 producer).
+static void sparse_decode_ws3p_vec(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
                                    uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
                                    int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
                                    int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
                                    int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
                                    int max_ctas, int opt, uintptr_t stream) {
-  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_cvt: H must be a positive multiple of 64");
-  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_cvt: bad split plan");
-  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_cvt: max_ctas must be >= 0 (0: one CTA per SM)");
-  if (!fp8) throw std::invalid_argument("sparse_decode_ws3p_cvt: FP8 cache only (fp8 must be true)");
-  if (opt != 24 && opt != 40)
-    throw std::invalid_argument("sparse_decode_ws3p_cvt: opt must be 24 or 40, got " + std::to_string(opt));
+  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_vec: H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_vec: bad split plan");
+  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_vec: max_ctas must be >= 0 (0: one CTA per SM)");
+  if (!fp8) throw std::invalid_argument("sparse_decode_ws3p_vec: FP8 cache only (fp8 must be true)");
+  if (opt != 24) throw std::invalid_argument("sparse_decode_ws3p_vec: opt must be 24, got " + std::to_string(opt));
   if (num_splits > 1 && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode_ws3p_cvt: num_splits > 1 needs the part_o / part_lse workspaces");
+    throw std::invalid_argument("sparse_decode_ws3p_vec: num_splits > 1 needs the part_o / part_lse workspaces");
   fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
   a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
                       stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
                       stride_lh};
-  const int rc = fm_ws3p_launch_cvt(a, fp8, max_ctas, opt, stream);
+  const int rc = fm_ws3p_launch_vec(a, fp8, max_ctas, opt, stream);
   if (rc != 0)
-    throw std::runtime_error(std::string("sparse_decode_ws3p_cvt launch failed (opt ") + std::to_string(opt) +
+    throw std::runtime_error(std::string("sparse_decode_ws3p_vec launch failed (opt ") + std::to_string(opt) +
                              "): " + fm_ws_error_string(rc));
 }
 
@@ -160,8 +159,7 @@ void fm_register_ws(pybind11::module_& m) {
         "producer loads a warp's 16 rows at once, 2 lazy O rescale, 4 early scores of the next tile; BF16 ignores "
         "bit 1; 8 one scoring warpgroup, not with 1 / 4; instantiated FP8 0/1/2/4/7/8/10, BF16 0/2/4/6/8/10). Bits 1, 2, 4 keep "
         "sparse_decode_ws3p's results bit for bit; 8 changes the summation order.");
-  m.def("sparse_decode_ws3p_cvt", &sparse_decode_ws3p_cvt,
-        "ws3p's kOptCvt builds (session 7, fm_ws3c_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
-        "24 = ws3p1 (8) with the cheaper exact FP8 dequant (16), 40 = ws3p1 with half of it (32); results "
-        "bit-identical to opt 8.");
+  m.def("sparse_decode_ws3p_vec", &sparse_decode_ws3p_vec,
+        "ws3p's kOptVec build (session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
+        "24 = ws3p1 (8) with the lane-uniform FP8 producer (16); results bit-identical to opt 8.");
 }

@@ -51,13 +51,12 @@ a tile (m64n64k16: fewer shared-memory operand reads than two warpgroups' m64n32
 named barrier per tile instead of two), warpgroup 1 only rescales its O half and runs its P @ V; "ws3p1l" ws3p1 with
 ws3pl's lazy rescale (bit-identical to ws3p1).
 
-ws3p kOptCvt build (session 7, NOT yet GPU-run; `variant="ws3p1c"`, `WS3P_CVT_OPTS`, `_C.sparse_decode_ws3p_cvt`,
-fm_ws3c_decode.cu): ws3p1 whose FP8 producer dequantises e4m3 -> f16 -> bf16 (exact cvts) and multiplies by the bf16
-block scale in one bf16x2 op (no fp32 round trip: 22 instead of 26 instructions per 8 bytes), bit-identical to ws3p1;
-on a BF16 cache (nothing to dequantise) it runs ws3p1 itself. "ws3p1h" (kOptCvtHalf): half of each 8 bytes that
-way, half by ws3p1's fp32 path (conversion and fp32 pipes share the work), also bit-identical to ws3p1. Not in
-`VARIANTS` (the session-6 tests pin that table);
-`sparse_attn_ws` and `probe` accept it.
+ws3p kOptVec build (session 9, NOT yet GPU-run; `variant="ws3p1v"`, `WS3P_VEC_OPTS`, `_C.sparse_decode_ws3p_vec`,
+fm_ws3v_decode.cu): ws3p1 with a lane-uniform FP8 producer (fm_ws3_decode.cu fp8v_tile: lane u dequantises the row's
+16-byte e4m3 unit u with its own scale byte, no shuffles, no divergent branches, a separate RoPE pass, rows in batches
+of 4 with two in flight, the row loop not unrolled), bit-identical to ws3p1; on a BF16 cache (nothing to dequantise)
+it runs ws3p1 itself. Not in `VARIANTS` (the session-6 tests pin that table); `sparse_attn_ws` and `probe` accept it.
+(Session 7's "ws3p1c" / "ws3p1h" dequant builds, 0.89-0.97x ws3p1, were removed in session 9.)
 
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
@@ -84,10 +83,10 @@ __all__ = [
     "ABLATIONS",
     "VARIANTS",
     "WS3P_BIT_EXACT",
-    "WS3P_CVT_BASE",
-    "WS3P_CVT_OPTS",
     "WS3P_OPTS",
     "WS3P_OPT_VARIANTS",
+    "WS3P_VEC_BASE",
+    "WS3P_VEC_OPTS",
     "ablations_of",
     "available",
     "block_rows",
@@ -106,9 +105,9 @@ __all__ = [
     "ws3_extra_enabled",
     "ws3_why_not",
     "ws3p_available",
-    "ws3p_cvt_available",
     "ws3p_grid",
     "ws3p_opt_available",
+    "ws3p_vec_available",
 ]
 
 BLOCK_H, HEAD_DIM = 64, 512
@@ -135,12 +134,12 @@ WS3P_OPTS = {"ws3p": 0, "ws3pw": 1, "ws3pl": 2, "ws3pe": 4, "ws3px": 7, "ws3p1":
 # session 6 candidates (`_C.sparse_decode_ws3p_opt`)
 WS3P_OPT_VARIANTS = ("ws3pw", "ws3pl", "ws3pe", "ws3px", "ws3p1", "ws3p1l")
 WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose results equal ws3p's bit for bit
-# session 7: name -> option bits of the kOptCvt builds (fm_ws3c_decode.cu, `_C.sparse_decode_ws3p_cvt`, FP8 cache; on
-# a BF16 cache the same bits without kOptCvt run through sparse_decode_ws3p_opt). Each equals its base bit for bit.
-OPT_CVT, OPT_CVT_HALF = 16, 32  # kOptCvt: dequant8c for all 8 bytes of a unit; kOptCvtHalf: for half of them
-WS3P_CVT_OPTS = {"ws3p1c": 8 | OPT_CVT, "ws3p1h": 8 | OPT_CVT_HALF}
-WS3P_CVT_BASE = {"ws3p1c": "ws3p1", "ws3p1h": "ws3p1"}  # the variant each kOptCvt build must equal bit for bit
-_WS3P_ALL = {**WS3P_OPTS, **WS3P_CVT_OPTS}  # every persistent (ws3p family) variant
+# session 9: name -> option bits of the kOptVec build (fm_ws3v_decode.cu, `_C.sparse_decode_ws3p_vec`, FP8 cache; on
+# a BF16 cache the same bits without kOptVec run through sparse_decode_ws3p_opt). It equals its base bit for bit.
+OPT_VEC = 16  # kOptVec: the lane-uniform FP8 producer (fp8v_tile)
+WS3P_VEC_OPTS = {"ws3p1v": 8 | OPT_VEC}
+WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal bit for bit
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS}  # every persistent (ws3p family) variant
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -227,10 +226,10 @@ def ws3p_opt_available() -> bool:
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_opt")
 
 
-def ws3p_cvt_available() -> bool:
-    """True when `_C` has ws3p's kOptCvt builds (`sparse_decode_ws3p_cvt`, session 7 source: "ws3p1c", "ws3p1h")."""
+def ws3p_vec_available() -> bool:
+    """True when `_C` has ws3p's kOptVec build (`sparse_decode_ws3p_vec`, session 9 source: "ws3p1v")."""
     mod = _module()
-    return mod is not None and hasattr(mod, "sparse_decode_ws3p_cvt")
+    return mod is not None and hasattr(mod, "sparse_decode_ws3p_vec")
 
 
 def ws3_extra_available() -> bool:
@@ -367,8 +366,8 @@ def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     """The built kernel's tile rows are the ones this wrapper plans with (an old _C has no ws3 at all)."""
     fn = "ws3_block_rows" if variant == "ws3" or variant in _WS3P_ALL else "ws_block_rows"
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
-    if variant in WS3P_CVT_OPTS:
-        entry = "sparse_decode_ws3p_cvt"
+    if variant in WS3P_VEC_OPTS:
+        entry = "sparse_decode_ws3p_vec"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
@@ -410,11 +409,11 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    known = variant in VARIANTS or variant in WS3P_CVT_OPTS
+    known = variant in VARIANTS or variant in WS3P_VEC_OPTS
     if not known or ablation not in ablations_of(variant):
         allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
         raise ValueError(
-            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)} / "
+            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(WS3P_VEC_OPTS)} / "
             f"{allowed}, "
             f"got {variant!r} / {ablation!r}"
         )
@@ -441,8 +440,8 @@ def sparse_attn_ws(
         return out, lse_out
     mod = _module()
     kv_f, fp8 = _cache_rows(kv)
-    if variant in WS3P_CVT_OPTS and not fp8:  # nothing to dequantise: the base variant is the same kernel
-        variant = WS3P_CVT_BASE[variant]
+    if variant in WS3P_VEC_OPTS and not fp8:  # nothing to dequantise: the base variant is the same kernel
+        variant = WS3P_VEC_BASE[variant]
     _check_block_rows(mod, variant)
     q_ok = q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1)))
     q_c = q if q_ok else q.clone(memory_format=torch.contiguous_format)  # contiguous() keeps a misaligned view
@@ -472,8 +471,8 @@ def sparse_attn_ws(
         )  # fmt: skip
     elif variant in _WS3P_ALL:
         entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
-        if variant in WS3P_CVT_OPTS:
-            entry = mod.sparse_decode_ws3p_cvt
+        if variant in WS3P_VEC_OPTS:
+            entry = mod.sparse_decode_ws3p_vec
         opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
@@ -629,7 +628,7 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    names = sorted(VARIANTS) + sorted(WS3P_CVT_OPTS)
+    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS)
     if not variant or any(v not in names for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)

@@ -1,12 +1,12 @@
-"""FP8-cache ws3p dequant variants side by side (session 7): ws3p1 (FP8 default) vs ws3p1c / ws3p1h (kOptCvt*).
+"""FP8-cache producer side by side (session 9): ws3p1 (FP8 default) vs ws3p1v (kOptVec: lane-uniform FP8 producer).
 
-    python packages/flash_mla/benchmarks/bench_fm_ws3p_fp8.py --out RESULT.json   # GPU (~30 s)
-    python packages/flash_mla/benchmarks/bench_fm_ws3p_fp8.py --smoke             # CPU: stand-in rows (reference)
-    python packages/flash_mla/benchmarks/bench_fm_ws3p_fp8.py --table RESULT.json # markdown table
+    python packages/flash_mla/benchmarks/bench_fm_fp8v.py --out RESULT.json   # GPU (~25 s)
+    python packages/flash_mla/benchmarks/bench_fm_fp8v.py --smoke             # CPU: stand-in rows (reference)
+    python packages/flash_mla/benchmarks/bench_fm_fp8v.py --table RESULT.json # markdown table
 
 Cases: decode b 128 / 64 / 256 / 32 x s_q 2 (64 heads, topk 640 = a 128-row window + 512 of 16,384 compressed rows,
 bench_flash_mla.decode_indices: same index generation, ~3 % holes) and prefill t 4,096 (bench_flash_mla.
-prefill_indices), all on a packed FP8 cache (584-byte rows). Each variant is timed twice in A B C C B A order
+prefill_indices), all on a packed FP8 cache (584-byte rows). Each variant is timed twice in A B B A order
 (kernelkit.bench_cuda, L2 flushed, CUDA graph), the record keeps both medians and their mean; every other row also
 records whether its out / lse are bit-identical to ws3p1's on the same call (they must be). TFLOPS = 4 * 64 * valid
 indices * 512 / time (bench_flash_mla's count); "x FlashMLA" against DeepSeek FlashMLA on the same H200 (session 6:
@@ -33,8 +33,8 @@ from bench_flash_mla import decode_indices, prefill_indices  # noqa: E402
 H, D = 64, 512
 SCALE = D**-0.5
 BASE = "ws3p1"  # the FP8 default (cuda_ws_decode.default_variant)
-VARIANTS = ("ws3p1", "ws3p1c", "ws3p1h")
-CACHE = "fp8"  # --bf16: the BF16-cache default ws3p1l against ws3p1 (a re-run of the session-6 goal row)
+VARIANTS = ("ws3p1", "ws3p1v")
+CACHE = "fp8"  # --bf16: the BF16-cache default ws3p1l against ws3p1 (ws3p1v runs ws3p1 itself there)
 FLASHMLA_TFLOPS = {128: 230.0, 64: 218.0, 256: 243.0}  # DeepSeek FlashMLA, same H200, decode s_q 2 (session 6)
 
 
@@ -68,7 +68,7 @@ def _bit_equal(a: tuple, b: tuple) -> bool:
 
 
 def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, kv: torch.Tensor, cfg: dict) -> list[dict]:
-    """Every variant on one case, A B C C B A; one record per variant (error string on failure)."""
+    """Every variant on one case, A B B A; one record per variant (error string on failure)."""
     import kernelkit as kk
 
     t, k = idx.shape[0] * (idx.shape[1] if idx.dim() == 3 else 1), idx.shape[-1]
@@ -83,7 +83,7 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, kv: torch.Tensor, cfg
     recs = {v: {"op": op, "shape": shape, "impl": f"cuda_{v}_{CACHE}", "variant": v, "b": b, "s_q": s_q, "t": t,
                 "topk": k, "valid": valid, "runs_us": []} for v in VARIANTS}  # fmt: skip
     outs: dict = {}
-    for v in (*VARIANTS, *reversed(VARIANTS)):  # A B C C B A: drift hits all alike
+    for v in (*VARIANTS, *reversed(VARIANTS)):  # A B B A: drift hits both alike
         rec = recs[v]
         if "error" in rec:
             continue
@@ -141,7 +141,7 @@ def run(smoke: bool, out_path: str | None) -> list[dict]:
     _log(f"FP8 cache: {fp8.shape[0]} rows in {time.time() - t0:.1f} s")
     meta = {
         "package": "flash_mla",
-        "script": "bench_fm_ws3p_fp8",
+        "script": "bench_fm_fp8v",
         "smoke": smoke,
         "base": BASE,
         "cache": CACHE,
