@@ -82,6 +82,22 @@ def test_ws3p1v_table() -> None:
     assert not hasattr(_WS, "WS3P_CVT_OPTS")  # session 7's ws3p1c / ws3p1h are gone
 
 
+@pytest.mark.parametrize(("opt", "vec", "fp8", "want"), [
+    (True, True, True, "ws3p1v"), (True, False, True, "ws3p1"), (True, True, False, "ws3p1l"),
+    (False, True, True, "ws3"),
+])  # fmt: skip
+def test_default_variant_prefers_ws3p1v_on_fp8(
+    opt: bool, vec: bool, fp8: bool, want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From 64 tokens without an extra cache the FP8 default is ws3p1v when `_C` has it (session 9: bit-equal to ws3p1,
+    1.14-1.27x), else ws3p1; the BF16 default stays ws3p1l; without the option builds (and no ws3p) it is ws3."""
+    monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: opt)
+    monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
+    monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
+    assert _WS.default_variant(256, False, fp8) == want
+    assert _WS.default_variant(32, False, fp8) == "ws3"
+
+
 def test_pack_fp8_kv_scale_range_is_covered() -> None:
     """pack_fp8_kv writes scale bytes 105 (amax floor 1e-4) .. 247 (fp32 max) and 255 (NaN / inf tiles): all inside
     the 0..255 that the emulation below checks."""

@@ -274,7 +274,8 @@ def _api(form: str, q, caches, lists, sink, b: int, s_q: int, fp8: bool):  # noq
 @pytest.mark.parametrize("fp8", [False, True])
 def test_api_default_runs_ws3_gpu(form: str, b: int, s_q: int, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """t = b * s_q >= 32 without an extra cache: kernel_for names `default_variant`'s kernel (ws3 below 64 tokens, the
-    ws3p family from 64: ws3p1l on BF16, ws3p1 on FP8, session 6), it runs exactly once (the serial kernel never), and
+    ws3p family from 64: ws3p1l on BF16, ws3p1v on FP8 since session 9), it runs exactly once (the serial kernel
+    never), and
     the result matches the reference and the float64 oracle (640 indices, holes of every kind, NaN in unused slots,
     token 1 without any valid index: exact zeros and lse = sink)."""
     _probed()

@@ -281,12 +281,15 @@ def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | 
 
 def default_variant(t: int, extra: bool = False, fp8: bool = False) -> str:
     """The ws variant the API default runs for t query tokens once `ws3_default_for` holds: from WS3P_MIN_TOKENS
-    without an extra cache (the ws3p family has no extra-cache form) "ws3p1" on an FP8 cache / "ws3p1l" on BF16 when
-    `_C` has the option builds, "ws3p" when it has only ws3p; otherwise "ws3"."""
+    without an extra cache (the ws3p family has no extra-cache form) "ws3p1v" on an FP8 cache (session 9: bit-equal
+    to "ws3p1", 1.14-1.27x it on the H200; "ws3p1" when `_C` lacks the kOptVec build) / "ws3p1l" on BF16 when `_C`
+    has the option builds, "ws3p" when it has only ws3p; otherwise "ws3"."""
     if t < WS3P_MIN_TOKENS or extra:
         return "ws3"
     if ws3p_opt_available():
-        return "ws3p1" if fp8 else "ws3p1l"
+        if fp8:
+            return "ws3p1v" if ws3p_vec_available() else "ws3p1"
+        return "ws3p1l"
     return "ws3p" if ws3p_available() else "ws3"
 
 
