@@ -172,12 +172,15 @@ def test_variant_list_in_sync_with_cu() -> None:
     """kEntries: DG_W4A8_VARIANT(wg, stages, rel), DG_W4A8_WS_VARIANT(stages, pipe) (= (2, stages, 2 + pipe)) and
     DG_W4A8_RS_VARIANT(stages, tokens) (= (2, stages, 4 / 5 for 128 / 256 tokens)), DG_W4A8_RSF_VARIANT(stages,
     tokens) (= (2, stages, 6 / 7)), DG_W4A8_RSFC_VARIANT(stages) (= (2, stages, 8)), DG_W4A8_RSE_VARIANT(stages,
-    tokens) (= (2, stages, 9 / 10 for 256 / 128 tokens))."""
+    tokens) (= (2, stages, 9 / 10 for 256 / 128 tokens)), DG_W4A8_RSP_VARIANT(stages, code, scheme) (= (2, stages,
+    scheme))."""
     pat = (r"DG_W4A8_VARIANT\((\d+),\s*(\d+),\s*(\d+)\)|DG_W4A8_WS_VARIANT\((\d+),\s*(\d+)\)"
            r"|DG_W4A8_RS(F?)_VARIANT\((\d+),\s*(\d+)\)|DG_W4A8_RSFC_VARIANT\((\d+)\)"
-           r"|DG_W4A8_RSE_VARIANT\((\d+),\s*(\d+)\)")  # fmt: skip
+           r"|DG_W4A8_RSE_VARIANT\((\d+),\s*(\d+)\)|DG_W4A8_RSP_VARIANT\((\d+),\s*\w+,\s*(\d+)\)")  # fmt: skip
 
     def entry(t: tuple[str, ...]) -> tuple[int, int, int]:
+        if t[11]:
+            return (2, int(t[11]), int(t[12]))
         if t[9]:
             return (2, int(t[9]), 9 if t[10] == "256" else 10)
         if t[8]:

@@ -9,6 +9,7 @@
 
 #include "dg_fp4_bindings.h"
 #include "dg_w4a8_bindings.h"
+#include "dg_fp8_db_bindings.h"
 
 #ifdef DG_HAVE_CUTLASS
 #include "cutlass/dg_cutlass_fp8.h"
@@ -245,4 +246,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_cutlass_fp8_grouped", []() { return false; });
   m.def("has_cutlass_w4a16_dq", []() { return false; });
 #endif
+  dg_register_fp8_db(m);  // the FP8 double-buffered-promotion kernel (dg_fp8_db_*), bound in its own file
 }

@@ -112,28 +112,24 @@ int smem_of_ws(int g) {
   Entry { {2, NS, 2 + PIPE}, &launch_ws<NS, PIPE>, &smem_of_ws<NS, PIPE> }
 
 // Schemes 4 ("rs") and 5 ("rs", 256-token tiles): the register-operand kernel of dg_w4a8_rs.cu (weights as the
-// wgmma's A operand from registers; 2 consumer warpgroups x 64 weight rows, 128 / 256-token tiles); 6 / 7: the same
-// with row-reference scales folded ("rs ... f": one FFMA per accumulator per block; p.sref workspace); 8: folded +
-// the cheaper FP4 -> e4m3 conversion ("rs ... fc", 256-token tiles only).
-template <int NS, int TOK, int FOLD>
+// wgmma's A operand from registers; 2 consumer warpgroups x 64 weight rows, 128 / 256-token tiles). (Schemes 6-10,
+// the folded / cheap-conversion / fast-epilogue builds, were removed in session 9: 0.96-1.07x their twins.)
+template <int NS, int TOK, int PIPE>
 int launch_rs(const Params& p, int ctas, cudaStream_t stream) {
-  return w4a8_rs_launch(NS, TOK, FOLD, p, ctas, stream, &g_last_error);
+  return w4a8_rs_launch(NS, TOK, PIPE, p, ctas, stream, &g_last_error);
 }
-template <int NS, int TOK, int FOLD>
+template <int NS, int TOK, int PIPE>
 int smem_of_rs(int g) {
-  return w4a8_rs_smem_bytes(NS, TOK, FOLD, g);
+  return w4a8_rs_smem_bytes(NS, TOK, PIPE, g);
 }
 #define DG_W4A8_RS_VARIANT(NS, TOK) \
   Entry { {2, NS, TOK == 128 ? 4 : 5}, &launch_rs<NS, TOK, 0>, &smem_of_rs<NS, TOK, 0> }
-#define DG_W4A8_RSF_VARIANT(NS, TOK) \
-  Entry { {2, NS, TOK == 128 ? 6 : 7}, &launch_rs<NS, TOK, 1>, &smem_of_rs<NS, TOK, 1> }
-#define DG_W4A8_RSFC_VARIANT(NS) \
-  Entry { {2, NS, 8}, &launch_rs<NS, 256, 2>, &smem_of_rs<NS, 256, 2> }
 
-// Schemes 9 / 10 ("rs ... e"): 4 / 5 with the fast epilogue (bf16x2 conversion, stmatrix-transposed staging in
-// shared memory, 16-byte coalesced stores; bit-equal to 4 / 5). 9: 256-token tiles, 10: 128.
-#define DG_W4A8_RSE_VARIANT(NS, TOK) \
-  Entry { {2, NS, TOK == 256 ? 9 : 10}, &launch_rs<NS, TOK, kRsEpi>, &smem_of_rs<NS, TOK, kRsEpi> }
+// Schemes 11..14 ("rs ... p" / "pl" / "pi" / "pil"): 5 with the chunk-pipelined block (four 64-token chunks of n64
+// wgmmas, chunk c - 1 promoted while chunk c runs; "l": the promotion's fa words loaded before each wait; "i": the four
+// slices converted first, interleaved, then chunk 0 issued back to back); bit-equal to 5.
+#define DG_W4A8_RSP_VARIANT(NS, CODE, SCHEME) \
+  Entry { {2, NS, SCHEME}, &launch_rs<NS, 256, CODE>, &smem_of_rs<NS, 256, CODE> }
 
 #define DG_W4A8_VARIANT(WG, NS, REL) \
   Entry { {WG, NS, REL}, &launch<WG, NS, REL>, &smem_of<WG, NS, REL> }
@@ -153,12 +149,10 @@ const Entry kEntries[] = {
     DG_W4A8_RS_VARIANT(6, 128),  // 6-stage ring
     DG_W4A8_RS_VARIANT(4, 256),  // 256-token tiles: each converted weight fragment feeds two n128 wgmmas
     DG_W4A8_RS_VARIANT(3, 256),  //
-    DG_W4A8_RSF_VARIANT(4, 128),  // + row-reference scales folded (one FFMA per accumulator per block)
-    DG_W4A8_RSF_VARIANT(4, 256),  //
-    DG_W4A8_RSF_VARIANT(3, 256),  //
-    DG_W4A8_RSFC_VARIANT(4),      // + the cheaper conversion (256-token tiles)
-    DG_W4A8_RSE_VARIANT(4, 256),  // 5 + the fast epilogue (staged, coalesced 16-byte stores)
-    DG_W4A8_RSE_VARIANT(4, 128),  // 4 + the fast epilogue
+    DG_W4A8_RSP_VARIANT(4, kRsPipe, 11),    // 5 + chunk-pipelined promotion (n64 chunks, wait_group 1)
+    DG_W4A8_RSP_VARIANT(4, kRsPipeFa, 12),  // 11 + the fa words loaded before each wait
+    DG_W4A8_RSP_VARIANT(4, kRsPipeIlp, 13),   // 11 + the four slices converted first (interleaved)
+    DG_W4A8_RSP_VARIANT(4, kRsPipeIlpFa, 14),  // 13 + 12's early fa words
 #endif
 };
 
@@ -191,13 +185,12 @@ int w4a8_grouped_launch(int wg, int stages, int rel, std::uintptr_t a, std::uint
   const Entry* e = find(wg, stages, rel);
   if (e == nullptr) return -1;
   if (m < 0 || n <= 0 || n % 16 != 0 || k <= 0 || k % kBK != 0 || g < 1 || g > kMaxGroups ||
-      ((rel == 1 || (rel >= 6 && rel <= 8)) && (sref == 0 || sref % 16 != 0)) ||
-      ((rel == 9 || rel == 10) && out % 16 != 0)) {
+      (rel == 1 && (sref == 0 || sref % 16 != 0))) {
     char buf[320];
     std::snprintf(buf, sizeof(buf),
-                  "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s out%%16=%d (k %% 128, n %% 16, 1 <= g <= %d, a "
-                  "16-byte aligned sref workspace when rel, a 16-byte aligned out for rel 9 / 10)",
-                  m, n, k, g, rel, sref == 0 ? "null" : "set", (int)(out % 16), kMaxGroups);
+                  "w4a8: bad sizes m=%d n=%d k=%d g=%d rel=%d sref=%s (k %% 128, n %% 16, 1 <= g <= %d, a 16-byte "
+                  "aligned sref workspace when rel = 1)",
+                  m, n, k, g, rel, sref == 0 ? "null" : "set", kMaxGroups);
     g_last_error = buf;
     return -2;
   }

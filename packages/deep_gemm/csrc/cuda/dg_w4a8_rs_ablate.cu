@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 constexpr int kNS = 4, kTokA = 256;  // cuda_rs2s4n256
-using LA = RsLayout<kNS, kTokA, false>;
+using LA = RsLayout<kNS, kTokA>;
 
 template <int MASK>
 cudaError_t abl_opt_in(int* sms) {  // as dg_w4a8_rs.cu's rs_opt_in
@@ -24,7 +24,7 @@ cudaError_t abl_opt_in(int* sms) {  // as dg_w4a8_rs.cu's rs_opt_in
   if (err != cudaSuccess) return err;
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if (!configured[dev]) {
-    err = cudaFuncSetAttribute(w4a8_rs_kernel<kNS, kTokA, false, false, MASK>,
+    err = cudaFuncSetAttribute(w4a8_rs_kernel<kNS, kTokA, MASK>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, LA::bytes(kMaxGroups));
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess) return err;
@@ -41,7 +41,7 @@ int abl_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg)
   cudaError_t err = abl_opt_in<MASK>(&sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;
-    w4a8_rs_kernel<kNS, kTokA, false, false, MASK><<<ctas, LA::kThreads, smem, stream>>>(p);
+    w4a8_rs_kernel<kNS, kTokA, MASK><<<ctas, LA::kThreads, smem, stream>>>(p);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess && msg != nullptr) {

@@ -12,13 +12,13 @@ Variants (wg, stages, rel): `W4A8_CUDA_VARIANTS`; names 'cuda_wg2s4', 'cuda_wg2s
 rel = 2 / 3: the warp-specialised kernel (`csrc/cuda/dg_w4a8_ws.cuh`, same numerics as rel = 0; 3: pipelined
 consumers, 'cuda_wsp2s4'). rel = 4: the register-operand kernel (`csrc/cuda/dg_w4a8_rs.cuh`: the converted weights
 are the wgmma's A operand from registers, never written to shared memory; 'cuda_rs2s4', 'cuda_rs2s6'; rel = 5: the same
-kernel with 256-token tiles, 'cuda_rs2s4n256', 'cuda_rs2s3n256'; rel = 6 / 7: rs (128 / 256-token tiles) with
-row-reference scales folded as rel = 1, 'cuda_rs2s4f', 'cuda_rs2s4n256f', 'cuda_rs2s3n256f'; rel = 8: 7 + a cheaper
-FP4 -> e4m3 conversion (same bytes), 'cuda_rs2s4n256fc'; rel = 9 / 10: rel 5 / 4 with the fast epilogue (the tile staged
-transposed in shared memory by stmatrix, 16-byte coalesced stores; bit-equal), 'cuda_rs2s4n256e', 'cuda_rs2s4e'; `out`
-must be 16-byte aligned there). rel = 1:
-row-reference scales (a pre-pass kernel writes each weight row's largest scale byte into a uint16 [g, n] workspace,
-allocated per call; the main loop's promotion is then one FFMA per accumulator; see the kernel header).
+kernel with 256-token tiles, 'cuda_rs2s4n256', 'cuda_rs2s3n256' (rel = 6-10, the folded / cheap-conversion /
+fast-epilogue rs builds, were removed in session 9: 0.96-1.07x their twins); rel = 11: rel 5 with the chunk-pipelined
+promotion (64-token chunks, one promoted while the next one's wgmmas run; bit-equal), 'cuda_rs2s4n256p'; 12: + fa
+loaded before each wait, 'cuda_rs2s4n256pl'; 13 / 14: 11 / 12 with the four slices converted first, interleaved,
+'cuda_rs2s4n256pi', 'cuda_rs2s4n256pil'. rel = 1: row-reference scales (a pre-pass kernel writes each weight row's
+largest scale byte into a uint16 [g, n] workspace, allocated per call; the main loop's promotion is then one FFMA per
+accumulator; see the kernel header).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 from ..._backend import compiled_module
 
 __all__ = [
-    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "RS_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies",
-    "compiled_variants", "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
+    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "RS_VARIANTS", "PIPE_SCHEMES", "DEFAULT_VARIANT", "MAX_GROUPS", "available",
+    "applies", "compiled_variants", "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
 ]  # fmt: skip
 
 # Keep in sync with kEntries in csrc/cuda/dg_w4a8_grouped.cu (a CPU test compares them).
@@ -40,19 +40,21 @@ __all__ = [
 # absolute numerics, bit-equal to scheme 0 with wg = 2), 3 "wsp" = ws with pipelined consumers (each keeps two
 # blocks' wgmmas in flight; setmaxnreg), also bit-equal. 4 "rs" = the weights as the wgmma's register operand
 # (csrc/cuda/dg_w4a8_rs.cuh: D^T = W x X^T; same conversion, k32 order and promotion products as scheme 0, operand
-# roles swapped: tested against float64, bit-equality with scheme 0 reported); 5 = rs with 256-token tiles; 6 / 7 =
-# rs / rs 256-token tiles with scheme 1's row-reference scales (one FFMA per accumulator per block; the sref
-# pre-pass + workspace; bit-equality with scheme 1 reported); 8 = 7 with the cheaper conversion (bit-equal to 7);
-# 9 / 10 = 5 / 4 with the fast epilogue (bf16x2 conversion, stmatrix staging, 16-byte stores; bit-equal to 5 / 4).
+# roles swapped: tested against float64, bit-equality with scheme 0 reported); 5 = rs with 256-token tiles; (6-10:
+# folded / cheap-conversion / fast-epilogue rs builds, removed in session 9); 11 = 5 with the chunk-pipelined block
+# (four 64-token chunks of n64 wgmmas, chunk c - 1 promoted while chunk c's wgmmas run: the tensor core is fed during
+# the promotions; bit-equal to 5); 12 = 11 + the promotion's fa words loaded before each wgmma wait; 13 = 11 with the
+# block's four slices converted first (interleaved) and chunk 0's wgmmas issued back to back; 14 = 13 + 12's early fa
+# words.
 W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3), (2, 4, 4), (2, 6, 4),
-    (2, 4, 5), (2, 3, 5), (2, 4, 6), (2, 4, 7), (2, 3, 7), (2, 4, 8), (2, 4, 9), (2, 4, 10),
+    (2, 4, 5), (2, 3, 5), (2, 4, 11), (2, 4, 12), (2, 4, 13), (2, 4, 14),
 )  # fmt: skip
 WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (2, 3))
-RS_SCHEMES = (4, 5, 6, 7, 8, 9, 10)
+RS_SCHEMES = (4, 5, 11, 12, 13, 14)
+PIPE_SCHEMES = (11, 12, 13, 14)  # chunk-pipelined promotion (256-token tiles, absolute scales)
 RS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in RS_SCHEMES)
-EPI_SCHEMES = (9, 10)  # the fast epilogue: 16-byte stores into out (needs a 16-byte aligned out)
-SREF_SCHEMES = (1, 6, 7, 8)  # schemes that need the row-reference pre-pass's uint16 [g, n] workspace
+SREF_SCHEMES = (1,)  # schemes that need the row-reference pre-pass's uint16 [g, n] workspace
 DEFAULT_VARIANT = (2, 4, 0)
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
 
@@ -60,13 +62,13 @@ MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
 def variant_name(variant: tuple[int, int, int]) -> str:
     """(2, 4, 0) -> 'cuda_wg2s4'; (2, 4, 1) -> 'cuda_wg2s4r'; (2, 4, 2) -> 'cuda_ws2s4' (warp-specialised);
     (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers); (2, 4, 4) -> 'cuda_rs2s4' (register-operand
-    weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles); (2, 4, 6) -> 'cuda_rs2s4f',
-    (2, 4, 7) -> 'cuda_rs2s4n256f' (the same with row-reference scales folded); (2, 4, 8) -> 'cuda_rs2s4n256fc'
-    (+ the cheaper conversion); (2, 4, 9) -> 'cuda_rs2s4n256e', (2, 4, 10) -> 'cuda_rs2s4e' (the fast epilogue)."""
+    weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles); (2, 4, 11) ->
+    'cuda_rs2s4n256p' (chunk-pipelined promotion), (2, 4, 12) -> 'cuda_rs2s4n256pl' (+ early fa loads),
+    (2, 4, 13) -> 'cuda_rs2s4n256pi' (+ interleaved conversion), (2, 4, 14) -> 'cuda_rs2s4n256pil' (both)."""
     if variant[2] in RS_SCHEMES:
-        tok = "n256" if variant[2] in (5, 7, 8, 9) else ""
-        fold = {6: "f", 7: "f", 8: "fc", 9: "e", 10: "e"}.get(variant[2], "")
-        return f"cuda_rs{variant[0]}s{variant[1]}{tok}{fold}"
+        tok = "n256" if variant[2] in (5, *PIPE_SCHEMES) else ""
+        pipe = {11: "p", 12: "pl", 13: "pi", 14: "pil"}.get(variant[2], "")
+        return f"cuda_rs{variant[0]}s{variant[1]}{tok}{pipe}"
     if variant[2] >= 2:
         return f"cuda_ws{'p' if variant[2] == 3 else ''}{variant[0]}s{variant[1]}"
     return f"cuda_wg{variant[0]}s{variant[1]}{'r' if variant[2] else ''}"
@@ -153,8 +155,6 @@ def m_grouped_fp8_fp4_gemm_nt_offsets_cuda(
     if m == 0 or n == 0:
         return out
     wg, stages, rel = variant
-    if rel in EPI_SCHEMES and out.data_ptr() % 16 != 0:
-        raise ValueError(f"out: expected a 16-byte aligned tensor for {variant_name(variant)}, got {out.data_ptr():#x}")
     # SREF_SCHEMES: the pre-pass's per-row reference exponents (uint16 [g, n]; torch allocations are 256-byte aligned)
     use_sref = rel in SREF_SCHEMES
     sref = torch.empty(g * n if use_sref else 0, dtype=torch.int16, device=values.device)

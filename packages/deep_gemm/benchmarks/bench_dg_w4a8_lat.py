@@ -1,17 +1,17 @@
-"""W4A8 rs kernel: the fast epilogue (`cuda_rs2s4n256e`, `cuda_rs2s4e`) side by side with its twins and the FP8 API.
+"""W4A8 grouped GEMM, latency round (session 9): the chunk-pipelined rs kernels beside cuda_rs2s4n256 and the FP8 API.
 
-Session 8 (issue 6): ablation F measured the rs kernel's per-element bf16 epilogue at ~46 % of its time. The `..e`
-variants (csrc/cuda/dg_w4a8_rs.cuh, kEpi) stage each consumer's tile in shared memory with stmatrix.trans and write
-whole token rows with 16-byte stores; the numerics are unchanged (bit-equal to the twin). Cases: 256 experts, 256 /
-1,024 tokens per expert, (n, k) = (4096, 4096) gate+up and (4096, 2048) down (bench_dg_w4a8_ws.py's operands).
-Rows: the FP8 grouped API (the goal's baseline), `cuda_rs2s4n256` (the API's choice from 256 rows per group) and
-`cuda_rs2s4n256e`, `cuda_rs2s4` and `cuda_rs2s4e`, all through the W4A8 API's impl=. Each row records x_fp8_api,
-x_twin (the twin's time / this row's: > 1 = the fast epilogue is faster), bit_equal_vs_base (vs cuda_rs2s4n256's
-output: the rs variants are bit-equal to each other) and diff_vs_base.
+Issue 6 goal: FP4 experts >= 0.85x the FP8-expert grouped API where compute-bound. Nsight Compute showed
+`cuda_rs2s4n256` (today's API default from 256 rows per group) latency-bound: the tensor core idles while a consumer
+waits for its wgmmas and then promotes. The `cuda_rs2s4n256p*` variants (csrc/cuda/dg_w4a8_rs.cuh, kPipe) split each
+256-token block into four 64-token chunks of n64 wgmmas and promote chunk c - 1 while chunk c's wgmmas run (`..pl`:
++ the promotion's fa words loaded before each wait). Same products in the same order: every row records
+bit_equal / calc_diff vs cuda_rs2s4n256's output (expected bit-equal) and x_rs2s4n256, x_fp8_api.
+Cases (helpers of bench_dg_w4a8_ws.py): 256 experts, 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up
+and (4096, 2048) down.
 
-    python packages/deep_gemm/benchmarks/bench_dg_w4a8_epi.py --out RESULT.json   # H200, ~40 s
-    python packages/deep_gemm/benchmarks/bench_dg_w4a8_epi.py --smoke             # CPU, tiny (reference path)
-    python packages/deep_gemm/benchmarks/bench_dg_w4a8_epi.py --table RESULT.json # markdown table
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_lat.py --out RESULT.json   # H200, < 90 s
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_lat.py --smoke             # CPU, tiny (reference path)
+    python packages/deep_gemm/benchmarks/bench_dg_w4a8_lat.py --table RESULT.json # markdown table
 """
 
 from __future__ import annotations
@@ -28,28 +28,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_dg_w4a8_ws as ws  # noqa: E402  (puts this checkout's src/ first on sys.path)
 import torch  # noqa: E402
 
+from deepinfer.deep_gemm.backends.cuda import cuda_w4a8_grouped as cw  # noqa: E402
 from kernelkit import write_results_json  # noqa: E402
 
-BASE = "cuda_rs2s4n256"
-TWINS = {"cuda_rs2s4n256e": "cuda_rs2s4n256", "cuda_rs2s4e": "cuda_rs2s4"}
-IMPLS = ("cuda_rs2s4n256", "cuda_rs2s4n256e", "cuda_rs2s4", "cuda_rs2s4e")
+BASE = "cuda_rs2s4n256"  # today's API default from 256 rows per group
+PIPE_ROWS = tuple(cw.variant_name((2, 4, s)) for s in cw.PIPE_SCHEMES)
+IMPLS = (BASE, *PIPE_ROWS)
 TPES = (256, 1024)
-BUDGET_S = 90.0  # no new case past this
-META = {"package": "deep_gemm", "bench": "w4a8_epi"}
+BUDGET_S = 75.0  # no new case past this
+META = {"package": "deep_gemm", "bench": "w4a8_lat"}
 
 
 def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, fp8: tuple) -> list[dict]:
-    """bench_dg_w4a8_ws.run_case with this script's rows and base (its module globals), plus x_twin per row."""
+    """bench_dg_w4a8_ws.run_case with this script's rows, bit-equality against cuda_rs2s4n256 and x_rs2s4n256."""
     ws.IMPLS, ws.BASE = IMPLS, BASE  # run_case / _calls read the module globals at call time
     recs = ws.run_case(wname, n, k, tpe, g, dev, rep, fp8)
     times = {r["impl"]: r["median_us"] for r in recs if "median_us" in r}
     for r in recs:
-        r.pop("x_wg2s4", None)  # (ws names its base ratio after cuda_wg2s4; here the base is cuda_rs2s4n256)
-        r.pop("x_wg1s4", None)
-        twin = TWINS.get(r["impl"])
-        if twin in times and r["impl"] in times:
-            r["twin"] = twin
-            r["x_twin"] = times[twin] / times[r["impl"]]
+        r.pop("x_wg2s4", None)  # (ws names its base key after cuda_wg2s4: here it is cuda_rs2s4n256)
+        if r["impl"] in times and BASE in times:
+            r["x_rs2s4n256"] = times[BASE] / times[r["impl"]]
     return recs
 
 
@@ -57,31 +55,27 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['weights']} tpe={r['tpe']} {r['impl']}: ERROR {r['error']}"
     extra = f" bit_eq={r['bit_equal_vs_base']} diff={r['diff_vs_base']:.1e}" if "diff_vs_base" in r else ""
-    twin = f" x_twin={r['x_twin']:.3f}" if "x_twin" in r else ""
-    return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>16}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
-            f"x_fp8_api={r.get('x_fp8_api', 0):.3f}{twin}{extra}")  # fmt: skip
+    return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>17}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
+            f"x_fp8_api={r.get('x_fp8_api', 0):.3f} x_rs2s4n256={r.get('x_rs2s4n256', 0):.3f}{extra}")  # fmt: skip
 
 
 def table(path: str) -> str:
     """Markdown table of a saved run."""
-    with open(path) as f:
-        recs = json.load(f)["records"]
-    rows = [
-        "| weights | tpe | impl | us | TFLOPS | x FP8 API | x twin | bit-equal rs2s4n256 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    recs = json.load(open(path))["records"]  # noqa: SIM115
+    rows = ["| weights | tpe | impl | us | TFLOPS | x FP8 API | x rs2s4n256 | bit-equal rs2s4n256 |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in recs:
         if "error" in r:
             rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | | |")
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_twin"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_rs2s4n256"))
         head = f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f}"
         rows.append(f"{head} | {xs} | {r.get('bit_equal_vs_base', '')} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
-    cli = ws.parse_cli(__doc__, "bench_dg_w4a8_epi.json", table, argv)
+    cli = ws.parse_cli(__doc__, "bench_dg_w4a8_lat.json", table, argv)
     if cli is None:
         return
     args, dev = cli

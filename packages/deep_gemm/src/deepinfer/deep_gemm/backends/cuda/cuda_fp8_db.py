@@ -1,0 +1,171 @@
+"""Compiled FP8 block-scaled GEMM with double-buffered promotion ("fp8_db", sm_90a wgmma; issue 6).
+
+Kernel: `csrc/cuda/dg_fp8_db.cuh` (built into `deepinfer.deep_gemm._C` by DEEPINFER_DEVICE=cuda builds; no CUTLASS).
+Same math as `reference.fp8_gemm_nt`: out[r, c] = sum over 128-deep k blocks kb of sfa[r, kb] * sfb[c // 128, kb] *
+(a[r, kb-block] . b[c, kb-block]), fp32 accumulation, bf16 out. Each consumer warpgroup keeps two temporary
+accumulator sets, so block b's wgmmas run while block b - 1 is promoted (the CUTLASS collective waits for every
+block's wgmmas before promoting). Not wired into `api.py`: the benchmark measures it beside the API first.
+
+First version's limits: fp32 scales only, n % 128 == 0, k % 128 == 0, out bf16 16-byte aligned, a and b 16-byte
+aligned, <= MAX_GROUPS groups.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..._backend import compiled_module
+
+__all__ = ["DEFAULT_STAGES", "MAX_GROUPS", "VARIANTS", "available", "compiled_variants", "fp8_gemm_nt_db",
+           "m_grouped_fp8_gemm_nt_offsets_db", "variant_name"]  # fmt: skip
+
+FP8 = torch.float8_e4m3fn
+DEFAULT_STAGES = 5  # ring depth (4 also built; the benchmark measures both)
+# (stages, stagger) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1 starts
+# consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide (bit-equal to stagger 0).
+VARIANTS: tuple[tuple[int, int], ...] = ((4, 0), (5, 0), (5, 1))
+MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory (kMaxGroups)
+
+
+def _module():
+    """`deepinfer.deep_gemm._C` when it imports and has the fp8_db kernel, else None."""
+    mod = compiled_module()
+    return mod if mod is not None and hasattr(mod, "fp8_db_grouped") else None
+
+
+def available() -> bool:
+    """True when `_C` has the fp8_db kernel (a DEEPINFER_DEVICE=cuda build of this source tree)."""
+    return _module() is not None
+
+
+@functools.cache
+def compiled_variants() -> tuple[tuple[int, int], ...]:
+    """(stages, stagger) pairs `_C` was built with (empty without `_C`)."""
+    mod = _module()
+    return () if mod is None else tuple((int(s), int(t)) for s, t in mod.fp8_db_variants())
+
+
+def variant_name(stages: int, stagger: bool) -> str:
+    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'."""
+    return f"fp8_db_s{stages}" + ("_stagger" if stagger else "")
+
+
+def _check(name: str, t: object, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    return t
+
+
+def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+
+
+def _validate(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, offs: torch.Tensor, out: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """Shapes, dtypes, devices, contiguity and alignment of the grouped form; returns (m, n, k, g)."""
+    _check("a", a, FP8, 2)
+    _check("b", b, FP8, 3)
+    m, k = a.shape
+    g, n, kb = b.shape
+    if k % 128 != 0 or k == 0:
+        raise ValueError(f"a: expected k % 128 == 0 and k > 0 (this kernel's first version), got k = {k}")
+    if n % 128 != 0 or n == 0:
+        raise ValueError(f"b: expected n % 128 == 0 and n > 0 (this kernel's first version), got n = {n}")
+    if kb != k:
+        raise ValueError(f"b: expected k = {k} (a's), got shape {tuple(b.shape)}")
+    if not 1 <= g <= MAX_GROUPS:
+        raise ValueError(f"b: expected 1..{MAX_GROUPS} groups, got {g}")
+    _check("sfa", sfa, torch.float32, 2)
+    _check_shape("sfa", sfa, (m, k // 128))
+    _check("sfb", sfb, torch.float32, 3)
+    _check_shape("sfb", sfb, (g, n // 128, k // 128))
+    _check("offs", offs, torch.int32, 1)
+    _check_shape("offs", offs, (g,))
+    _check("out", out, torch.bfloat16, 2)
+    _check_shape("out", out, (m, n))
+    for name, t in (("sfa", sfa), ("b", b), ("sfb", sfb), ("offs", offs), ("out", out)):
+        if t.device != a.device:
+            raise ValueError(f"{name}: expected device {a.device} (a's), got {t.device}")
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        if t.data_ptr() % 16 != 0:
+            raise ValueError(f"{name}: expected a 16-byte aligned tensor, got address {t.data_ptr():#x}")
+    return m, n, k, g
+
+
+def _launch(
+    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int
+) -> torch.Tensor:
+    mod = _module()
+    if mod is None:
+        raise RuntimeError("the fp8_db CUDA kernel is not built (build deep_gemm with DEEPINFER_DEVICE=cuda)")
+    if not a.is_cuda:
+        raise ValueError(f"a: expected a CUDA tensor, got device {a.device}")
+    if (stages, int(stagger)) not in compiled_variants():
+        raise ValueError(f"(stages, stagger): expected one of {compiled_variants()}, got {(stages, int(stagger))}")
+    if m == 0:
+        return out
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        mod.fp8_db_grouped(
+            stages, int(stagger), a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), offs.data_ptr(),
+            out.data_ptr(), m, n, k, g, ctas, stream,
+        )  # fmt: skip
+    return out
+
+
+def m_grouped_fp8_gemm_nt_offsets_db(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor,
+    stages: int = DEFAULT_STAGES,
+    stagger: bool = False,
+    ctas: int = 0,
+) -> torch.Tensor:
+    """Grouped FP8 GEMM, contiguous layout: rows [offs[i-1], offs[i]) of out = group i's rows of a @ b[i]^T.
+
+    a: e4m3 [m, k]; sfa: fp32 [m, k / 128] (1 x 128 blocks); b: e4m3 [g, n, k] (K-major); sfb: fp32
+    [g, n / 128, k / 128] (128 x 128 blocks); offs: int32 [g] cumulative row ends (read on the device only; rows past
+    offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth and the
+    staggered consumer start (`compiled_variants()`); ctas: persistent CTAs (0: one per SM). Returns out.
+    """
+    m, n, k, g = _validate(a, sfa, b, sfb, offs, out)
+    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas)
+
+
+def fp8_gemm_nt_db(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    out: torch.Tensor,
+    stages: int = DEFAULT_STAGES,
+    stagger: bool = False,
+    ctas: int = 0,
+) -> torch.Tensor:
+    """Dense FP8 GEMM out = dequant(a, sfa) @ dequant(b, sfb)^T as one group.
+
+    a: e4m3 [m, k]; sfa: fp32 [m, k / 128]; b: e4m3 [n, k]; sfb: fp32 [n / 128, k / 128]; out: bf16 [m, n].
+    """
+    for name, t, ndim in (("b", b, 2), ("sfb", sfb, 2)):
+        if isinstance(t, torch.Tensor) and t.dim() != ndim:
+            raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"a: expected a torch.Tensor, got {type(a).__name__}")
+    b3 = b.unsqueeze(0) if isinstance(b, torch.Tensor) else b
+    sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
+    offs = torch.full((1,), a.shape[0], dtype=torch.int32, device=a.device)  # a fill kernel: graph-capturable
+    m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out)
+    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas)
