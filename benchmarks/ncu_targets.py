@@ -8,6 +8,7 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fm_fp8      flash_mla ws3p1 on the FP8 cache, decode b 128 x s_q 2, topk 640
   fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
+  fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
 """
 
@@ -37,6 +38,19 @@ def _w4a8(impl: str) -> Callable[[], object]:
     return calls[impl][0]
 
 
+def _fp8_db() -> Callable[[], object]:
+    import bench_dg_w4a8_ws as ws
+
+    from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
+
+    g, tpe, n, k = 64, 1024, 4096, 4096
+    op = ws._operands(tpe, n, k, g, "cuda")
+    b = ws._fp8_bytes((g, n, k), "cuda")
+    sfb = torch.rand(g, n // 128, k // 128, device="cuda") + 0.5
+    out = torch.empty(op["m"], n, device="cuda", dtype=torch.bfloat16)
+    return lambda: db.m_grouped_fp8_gemm_nt_offsets_db(op["a"], op["sfa"], b, sfb, op["offs"], out)
+
+
 def _attn(cache: str, variant: str | None, prefill: bool, b: int = 128) -> Callable[[], object]:
     from bench_flash_mla import decode_indices, prefill_indices
 
@@ -64,6 +78,7 @@ def _attn(cache: str, variant: str | None, prefill: bool, b: int = 128) -> Calla
 TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "w4a8_rs": lambda: _w4a8("cuda_rs2s4n256"),
     "fp8_grouped": lambda: _w4a8("fp8_grouped_api"),
+    "fp8_db": _fp8_db,
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
