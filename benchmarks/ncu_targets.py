@@ -6,6 +6,7 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   w4a8_rs     deep_gemm W4A8 `cuda_rs2s4n256`, 64 experts x 1,024 tokens, (n, k) = (4096, 4096)
   fp8_grouped deep_gemm FP8 grouped API, same shape (the 0.85x goal's baseline)
   fm_fp8      flash_mla ws3p1 on the FP8 cache, decode b 128 x s_q 2, topk 640
+  fm_fp8v     flash_mla ws3p1v (session 9's lane-uniform FP8 producer, the FP8 default), same case
   fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
   fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
@@ -80,6 +81,7 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fp8_grouped": lambda: _w4a8("fp8_grouped_api"),
     "fp8_db": _fp8_db,
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
+    "fm_fp8v": lambda: _attn("fp8", "ws3p1v", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
     "fm_b2": lambda: _attn("fp8", "api", False, b=2),
