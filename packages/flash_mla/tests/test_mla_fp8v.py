@@ -68,7 +68,7 @@ def _rn_bf16_f64(v: np.ndarray) -> np.ndarray:
 
 
 def _bf16x2_scale(sb: np.ndarray) -> np.ndarray:
-    """fm_ws3_decode.cu's bf16x2_scale (uint32 per scale byte)."""
+    """fm_fp8v.cuh's bf16x2_scale (uint32 per scale byte; moved there from fm_ws3_decode.cu in session 9)."""
     sb = sb.astype(np.uint32)
     return np.where(sb == 255, np.uint32(0x7FC07FC0), (sb << 7) * np.uint32(0x10001)).astype(np.uint32)
 

@@ -15,7 +15,10 @@ static void sparse_decode(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t kv
                           int merge, int prefetch_ahead, float qk_scale, int64_t n_rows, int64_t n_rows2,
                           int64_t stride_it, int64_t stride_it2, int64_t stride_kv_bytes, int64_t stride_kv2_bytes,
                           int64_t stride_qt, int64_t stride_qh, int64_t stride_ot, int64_t stride_oh,
-                          int64_t stride_lt, int64_t stride_lh, bool fp8, uintptr_t stream) {
+                          int64_t stride_lt, int64_t stride_lh, int kv_mode, uintptr_t stream) {
+  if (kv_mode < 0 || kv_mode > 2)
+    throw std::invalid_argument("sparse_decode: kv_mode must be 0 (bf16), 1 (fp8) or 2 (fp8v), got " +
+                                std::to_string(kv_mode));
   if (H <= 0) throw std::invalid_argument("sparse_decode: H must be >= 1, got " + std::to_string(H));
   if (topk < 0 || topk2 < 0) throw std::invalid_argument("sparse_decode: topk / topk2 must be >= 0");
   if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode: bad split plan");
@@ -29,7 +32,7 @@ static void sparse_decode(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t kv
                    merge,     prefetch_ahead < 0 ? 0 : prefetch_ahead,        qk_scale,        num_tokens,
                    n_rows,    n_rows2,    stride_it,       stride_it2,       stride_kv_bytes, stride_kv2_bytes,
                    stride_qt, stride_qh,  stride_ot,       stride_oh,        stride_lt,       stride_lh};
-  int rc = fm_launch_sparse_decode(a, fp8, stream);
+  int rc = fm_launch_sparse_decode(a, kv_mode, stream);
   if (rc != 0) throw std::runtime_error(std::string("sparse_decode launch failed: ") + fm_error_string(rc));
 }
 
@@ -39,8 +42,9 @@ PYBIND11_MODULE(_C, m) {
         "Sparse MLA attention, 64 heads x 512 per CTA, wgmma, main + extra index lists (see fm_sparse_decode.cu). "
         "Pointers are data_ptr() ints, index / q / out / lse strides in elements, cache row strides in bytes; "
         "merge: 0 partials only, 1 PDL combine kernel, 2 last CTA, 3 PDL wide combine kernel; prefetch_ahead: token distance of the L2 prefetch "
-        "(0: off); stream = torch.cuda.current_stream().cuda_stream.");
+        "(0: off); kv_mode: 0 BF16 cache, 1 FP8 cache, 2 FP8 cache through the fp8v tile path (same bits as 1; ABI 4); "
+        "stream = torch.cuda.current_stream().cuda_stream.");
   fm_register_ws(m);  // the warp-specialised kernels (fm_ws_*), bound in their own file
   m.def("smem_bytes", &fm_smem_bytes, "Dynamic shared memory per CTA (bytes) for the BF16 (False) / FP8 (True) cache");
-  m.attr("SPARSE_DECODE_ABI") = 3;  // extra list, byte row strides, merge modes (3: merge = 3)
+  m.attr("SPARSE_DECODE_ABI") = 4;  // extra list, byte row strides, merge modes (3: merge = 3), 4: kv_mode 2 (fp8v)
 }

@@ -35,6 +35,11 @@
 // Holes: any index outside [0, n_rows) is skipped (row zero-filled, score -inf), so NaN in unused cache slots
 // never enters the math; a tile without any valid row is skipped whole (exact: it would change nothing).
 // Heads: ceil(H / 64) head blocks; a partial last block zero-fills its missing q rows and stores nothing for them.
+// FP8 tile paths (kv_mode of fm_launch_sparse_decode): 1 = "stage" (issue_tile<true> raw staging + dequant_tile,
+// above), 2 = "fp8v" (session 9, VEC: vec_load / vec_store: each thread's 7 e4m3 units + 2 RoPE chunks go from
+// global memory to registers to the bf16 tile, converted by fm_fp8v.cuh's dequant8v; no staging, no smem -> smem
+// pass, no integer division; tile t + 1's loads are issued right after tile t's stores, so they fly behind its math).
+// Same bits (dequant8v == dequant_tile's fp32 multiply); the raw staging area is left unused by VEC.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -46,6 +51,7 @@
 #include "fm_sparse_decode.h"
 #include "fm_combine_common.cuh"
 #include "fm_combine_wide.h"
+#include "fm_fp8v.cuh"
 
 namespace fm {
 
@@ -201,6 +207,89 @@ __device__ __forceinline__ void dequant_tile(uint8_t* smem, int stage, int tid) 
   }
 }
 
+// ------------------------------------------------------------------------ fp8v: FP8 tile straight from global memory
+// (session 9, kv_mode 2; VEC = true). No raw staging, no smem -> smem pass: each thread loads its fixed pieces of the
+// tile into registers (ws3p kOptVec's 16-byte e4m3 units: 64 rows x 28 units = 7 per thread, unit u = dims 16 u ..
+// 16 u + 15 with ONE scale byte 576 + u / 4; 64 rows x 8 RoPE 16-byte chunks = 2 per thread), converts with
+// fm_fp8v::dequant8v (bit-identical to dequant_tile's fp32 multiply: see fm_fp8v.cuh) and stores 16-byte chunks into
+// the swizzled bf16 tile. Piece i of thread tid is item tid + 256 i of the row-major (row, unit) grid: 256 = 9 x 28 + 4,
+// so (row, unit) steps by (9, 4) with one wrap test, no division in the loop (tid / 28 once per CTA). Each 16-byte
+// unit is two 8-byte loads (rows are only 8-byte aligned), all three loads predicated on the row address (0 = hole:
+// zeros, scale byte 0 -> +0, as the zero-filled staging rows of dequant_tile).
+struct VecRegs {
+  uint2 a[7], b[7];  // piece i: chunk 2 u + h (a) and chunk 2 u + 1 - h (b), h = (u / 4) % 2 (bank-conflict free)
+  uint32_t sb[7];    // scale byte of piece i
+  uint2 ra[2], rb[2];  // RoPE chunk tid % 8 of rows tid / 8 + 32 j: bytes 448 + 16 (tid % 8) + {0, 8}
+};
+
+// Three loads from row address `row` (+ byte offsets o1, o2, os), predicated on row != 0 (one setp); zeros for a hole.
+__device__ __forceinline__ void ldg_piece_if(uint64_t row, uint32_t o1, uint32_t o2, uint32_t os, uint2& x, uint2& y,
+                                             uint32_t& sb) {
+  const uint8_t* r = reinterpret_cast<const uint8_t*>(row);
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.u64 q, %8, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+      "mov.b32 %4, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%5];\n@q ld.global.nc.v2.u32 {%2, %3}, [%6];\n"
+      "@q ld.global.nc.u8 %4, [%7];\n}\n"
+      : "=r"(x.x), "=r"(x.y), "=r"(y.x), "=r"(y.y), "=r"(sb)
+      : "l"(r + o1), "l"(r + o2), "l"(r + os), "l"(row));
+}
+__device__ __forceinline__ void ldg_rope_if(uint64_t row, uint32_t o, uint2& x, uint2& y) {
+  const uint8_t* r = reinterpret_cast<const uint8_t*>(row);
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.u64 q, %6, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+      "@q ld.global.nc.v2.u32 {%0, %1}, [%4];\n@q ld.global.nc.v2.u32 {%2, %3}, [%5];\n}\n"
+      : "=r"(x.x), "=r"(x.y), "=r"(y.x), "=r"(y.y)
+      : "l"(r + o), "l"(r + o + 8), "l"(row));
+}
+
+// This thread's fixed (row, unit) of piece 0 (tid / 28, tid % 28: computed once per CTA); piece i: step (9, 4) i times.
+struct VecMap {
+  int r, u;
+};
+__device__ __forceinline__ void vec_step(int& r, int& u) {
+  u += 4;
+  r += 9;
+  if (u >= 28) {
+    u -= 28;
+    r += 1;
+  }
+}
+
+// Issue every load of one tile (rows: its 64 row addresses in shared memory) into v; nothing waits here.
+__device__ __forceinline__ void vec_load(VecRegs& v, const uint64_t* rows, VecMap m, int tid) {
+  int r = m.r, u = m.u;
+#pragma unroll
+  for (int i = 0; i < 7; ++i) {
+    const uint32_t h = (uint32_t)(u >> 2) & 1u;
+    const uint32_t o = 16u * (uint32_t)u;
+    ldg_piece_if(rows[r], o + 8u * h, o + 8u - 8u * h, 576u + (uint32_t)(u >> 2), v.a[i], v.b[i], v.sb[i]);
+    vec_step(r, u);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) ldg_rope_if(rows[(tid >> 3) + 32 * j], 448u + 16u * (uint32_t)(tid & 7), v.ra[j], v.rb[j]);
+}
+
+// Convert v and store it into the bf16 tile (Smem::kv). Chunk 2 u + 1 - h sits at chunk 2 u + h's address ^ 16 (the
+// two chunks differ in bit 0 of the chunk index, which the XOR swizzle keeps in bit 4 of the offset).
+__device__ __forceinline__ void vec_store(uint8_t* smem, const VecRegs& v, VecMap m, int tid) {
+  const uint32_t base = smem_u32(smem + Smem::kv);
+  int r = m.r, u = m.u;
+#pragma unroll
+  for (int i = 0; i < 7; ++i) {
+    const int h = (u >> 2) & 1;
+    const uint32_t addr = base + swz(r, 2 * u + h, kBN);
+    const uint32_t m2 = fm_fp8v::bf16x2_scale(v.sb[i]);
+    fm_fp8v::sts128(addr, fm_fp8v::dequant8v(v.a[i], m2));
+    fm_fp8v::sts128(addr ^ 16u, fm_fp8v::dequant8v(v.b[i], m2));
+    vec_step(r, u);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t addr = base + swz((tid >> 3) + 32 * j, 56 + (tid & 7), kBN);
+    fm_fp8v::sts128(addr, make_uint4(v.ra[j].x, v.ra[j].y, v.rb[j].x, v.rb[j].y));
+  }
+}
+
 // This thread's 64 columns of output row r0 + 8 h (acc * so) as bf16.
 __device__ __forceinline__ void store_row_bf16(__nv_bfloat16* orow, const float (&acc)[128], int h, float so,
                                                int col0) {
@@ -265,7 +354,8 @@ __device__ __forceinline__ void merge_last(float (&acc)[128], const float (&m_ru
   }
 }
 
-template <bool FP8>
+// VEC (FP8 only): the fp8v tile path (vec_load / vec_store) instead of issue_tile<true> + dequant_tile; same bits.
+template <bool FP8, bool VEC = false>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv,
                          const int* __restrict__ idx, const uint8_t* __restrict__ kv2, const int* __restrict__ idx2,
@@ -309,7 +399,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (tid < 64) s_rows[tid] = lo < hi ? load_row(p, kv, idx_row, kv2, idx2_row, lo * kBN + tid) : 0ull;
   __syncthreads();
-  if (lo < hi) issue_tile<FP8>(smem, 0, s_rows, kv, tid);
+  static_assert(FP8 || !VEC, "fp8v needs the FP8 cache");
+  VecRegs vr;  // VEC: the tile being loaded (registers)
+  const VecMap vm{tid / 28, tid % 28};
+  if constexpr (VEC) {
+    if (lo < hi) vec_load(vr, s_rows, vm, tid);
+  } else if (lo < hi) {
+    issue_tile<FP8>(smem, 0, s_rows, kv, tid);
+  }
   cp_commit();
   if (tid < 64) s_rows[64 + tid] = load_row(p, kv, idx_row, kv2, idx2_row, (lo + 1) * kBN + tid);
 
@@ -326,14 +423,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid < 64) next_row = load_row(p, kv, idx_row, kv2, idx2_row, (t + 2) * kBN + tid);
     // (A) s_rows[st ^ 1] written; the previous tile's buffers are free; does tile t have any valid row?
     const int any_valid = __syncthreads_or(tid < 64 && s_rows[64 * st + tid] != 0);
-    if (t + 1 < hi) issue_tile<FP8>(smem, st ^ 1, s_rows + 64 * (st ^ 1), kv, tid);
+    if (!VEC && t + 1 < hi) issue_tile<FP8>(smem, st ^ 1, s_rows + 64 * (st ^ 1), kv, tid);
     cp_commit();
     cp_wait1();  // this thread's copies of tile t (and Q) have landed
+    if constexpr (VEC) {
+      // (A) also freed the bf16 tile (both warpgroups' P @ V of tile t - 1 are done): convert straight into it
+      // (an all-hole tile: nothing to store), then put tile t + 1's loads in flight behind this tile's math
+      // (s_rows[st ^ 1] was written before (A)). One copy of the load block for both paths (code size).
+      if (any_valid) vec_store(smem, vr, vm, tid);
+      if (t + 1 < hi) vec_load(vr, s_rows + 64 * (st ^ 1), vm, tid);
+    }
     if (!any_valid) {  // all holes (CTA-uniform): the tile would change nothing, skip its math
       if (tid < 64) s_rows[64 * st + tid] = next_row;  // nobody reads s_rows[st] after (A) on this path
       continue;
     }
-    if constexpr (FP8) {
+    if constexpr (FP8 && !VEC) {
       __syncthreads();  // (B) every thread's raw rows of tile t
       dequant_tile(smem, st, tid);
     }
@@ -559,10 +663,10 @@ static int launch_combine(const LaunchArgs& a, cudaStream_t stream) {
                                  a.num_tokens);
 }
 
-template <bool FP8>
+template <bool FP8, bool VEC = false>
 static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
-  const int smem = Smem::total(FP8) + 1024;  // + alignment slack
-  auto kern = sparse_decode_kernel<FP8>;
+  const int smem = Smem::total(FP8) + 1024;  // + alignment slack (VEC leaves the raw staging area unused)
+  auto kern = sparse_decode_kernel<FP8, VEC>;
   // Set on every launch (cheap): a static "done" flag would be shared by both instances (see NOTES, deep_select).
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
@@ -582,9 +686,10 @@ static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
 
 }  // namespace fm
 
-int fm_launch_sparse_decode(const fm::LaunchArgs& a, bool fp8, uintptr_t stream) {
+int fm_launch_sparse_decode(const fm::LaunchArgs& a, int kv_mode, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  return fp8 ? fm::launch_impl<true>(a, s) : fm::launch_impl<false>(a, s);
+  if (kv_mode == 2) return fm::launch_impl<true, true>(a, s);
+  return kv_mode == 1 ? fm::launch_impl<true>(a, s) : fm::launch_impl<false>(a, s);
 }
 
 const char* fm_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }

@@ -32,7 +32,8 @@ struct LaunchArgs {
 
 }  // namespace fm
 
-// Returns a cudaError_t code (0 = success).
-int fm_launch_sparse_decode(const fm::LaunchArgs& a, bool fp8, uintptr_t stream);
+// kv_mode: 0 BF16 cache, 1 FP8 cache (raw staging + dequant_tile), 2 FP8 cache, fp8v path (straight from global
+// memory into the bf16 tile; same bits as 1). Returns a cudaError_t code (0 = success).
+int fm_launch_sparse_decode(const fm::LaunchArgs& a, int kv_mode, uintptr_t stream);
 const char* fm_error_string(int code);
 int fm_smem_bytes(bool fp8);

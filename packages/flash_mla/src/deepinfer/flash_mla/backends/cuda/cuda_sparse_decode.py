@@ -21,6 +21,12 @@ Small-batch plans (named, measured side by side by the benchmark; DEFAULT_OPTION
   "pdl_wide" (session 7, `csrc/cuda/fm_combine_wide.cu`): the PDL combine with the same arithmetic in the same
   order (bit-equal to "pdl") but its L2 reads batched: 32 splits' lse per warp load, 8 partial rows in flight,
   where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M);
+* FP8 tile path ("fp8_path", FP8 caches only): "stage" (8-byte cp.async of the raw 584-byte rows into a staging
+  buffer, then a shared -> shared dequantisation pass) or "vec" (session 9, `fp8v`: each thread loads its 7 e4m3
+  16-byte units + 2 RoPE chunks of the tile straight into registers, converts them with ws3p kOptVec's dequant8v
+  (`csrc/cuda/fm_fp8v.cuh`) and stores bf16 into the tile: no staging, no second pass, no integer division; the
+  next tile's loads fly behind the current tile's math). Bit-identical (out, lse, split partials); "vec" needs a
+  `_C` of SPARSE_DECODE_ABI >= 4 (`FP8_PATHS`, bench rows `cuda*_fp8v` in benchmarks/bench_fm_b2.py);
 * prefetch (prefill, several waves of CTAs): the CTA of token i prefetches into L2 the index rows and q of token
   i + (CTAs per wave), which starts about one wave later, so its first loads hit L2 (`bench rows cuda_prefetch`).
 
@@ -41,7 +47,16 @@ from ..._backend import compiled_module
 from ._cuda_probe import mismatch, probe_main, run_probe
 from .triton_split_attn import FP8_ROW_BYTES, LOG2E, combine_splits, device_sms, plan_num_splits
 
-__all__ = ["DEFAULT_OPTIONS", "MERGES", "PLANS", "available", "cuda_num_splits", "sparse_attn_cuda", "supports"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "FP8_PATHS",
+    "MERGES",
+    "PLANS",
+    "available",
+    "cuda_num_splits",
+    "sparse_attn_cuda",
+    "supports",
+]
 
 _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.flash_mla"
 BLOCK_H, BLOCK_N, HEAD_DIM = 64, 64, 512
@@ -50,6 +65,8 @@ PLANS = ("default", "fine", "auto", "wave")
 MERGES = ("triton", "pdl", "last_cta", "pdl_wide")
 _MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3}
 _MERGE_ABI = {"pdl_wide": 3}  # merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
+FP8_PATHS = ("stage", "vec")  # FP8 tile path: kv_mode 1 / 2 of fm_bindings.cpp sparse_decode
+_FP8_PATH_ABI = {"vec": 4}  # paths that need a newer _C than _ABI
 FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] fp32 per split) cost more to merge
 # What kernel="cuda" runs when the call does not name a plan / merge / prefetch: set from the session-4 H200 runs
 # (bench rows cuda[_fp8]_<plan>_<merge> against cuda[_fp8] at decode b = 1 / 2 and HCA b = 1: fine + pdl fastest
@@ -57,7 +74,8 @@ FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] 
 # also notes the PDL merge looked slower than the Triton one at b = 32 (across two runs, not yet measured in one).
 # Session 8: merge "pdl_wide" (bit-equal to "pdl", 1.04-1.10x at b 1-4 in session 7); a _C older than its ABI falls
 # back to "pdl" (`_resolve_merge`).
-DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl_wide", "prefetch": False}
+# Session 9: fp8_path "vec" (bit-equal to "stage") is measured by bench_fm_b2.py; flip "fp8_path" here once it wins.
+DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl_wide", "prefetch": False, "fp8_path": "stage"}
 
 
 @functools.cache
@@ -80,6 +98,24 @@ def _resolve_merge(merge: str | None) -> str:
         return merge
     default = str(DEFAULT_OPTIONS["merge"])
     return default if _abi() >= _MERGE_ABI.get(default, _ABI) else "pdl"
+
+
+def kv_mode(fp8: bool, fp8_path: str | None) -> int:
+    """The kernel's kv_mode (0 BF16, 1 FP8 "stage", 2 FP8 "vec") for a cache format and a named FP8 path (None:
+    DEFAULT_OPTIONS["fp8_path"], or "stage" when that default needs a newer `_C`); a BF16 cache ignores the path.
+    Raises ValueError for an unknown path or one the loaded `_C` lacks (named explicitly)."""
+    if fp8_path is not None and fp8_path not in FP8_PATHS:
+        raise ValueError(f"fp8_path: expected one of {FP8_PATHS}, got {fp8_path!r}")
+    if not fp8:
+        return 0
+    abi = _abi()
+    if fp8_path is None:
+        default = str(DEFAULT_OPTIONS["fp8_path"])
+        fp8_path = default if abi >= _FP8_PATH_ABI.get(default, _ABI) else "stage"
+    need = _FP8_PATH_ABI.get(fp8_path, _ABI)
+    if abi < need:
+        raise ValueError(f"fp8_path={fp8_path!r} needs SPARSE_DECODE_ABI >= {need}, got {abi}: rebuild _C")
+    return FP8_PATHS.index(fp8_path) + 1
 
 
 def available() -> bool:
@@ -174,6 +210,7 @@ def sparse_attn_cuda(
     plan: str | None = None,
     merge: str | None = None,
     prefetch: bool | int | None = None,
+    fp8_path: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention on the compiled sm_90a kernel; returns (out [t, h, 512] bf16, lse fp32 [t, h]).
 
@@ -189,6 +226,8 @@ def sparse_attn_cuda(
         plan, merge: names from PLANS / MERGES (None: DEFAULT_OPTIONS).
         prefetch: L2 prefetch of a later token's indices and q: True (one wave ahead, when the grid has more than
             one wave), an int (that many tokens ahead), False / 0 (off), None (DEFAULT_OPTIONS).
+        fp8_path: FP8 cache tile path from FP8_PATHS ("stage" / "vec", same bits; None: DEFAULT_OPTIONS);
+            ignored for a BF16 cache.
     """
     why = supports(q, kv, extra_kv)
     if why is not None:
@@ -204,6 +243,7 @@ def sparse_attn_cuda(
     if abi < _MERGE_ABI.get(merge, _ABI):
         raise ValueError(f"merge={merge!r} needs SPARSE_DECODE_ABI >= {_MERGE_ABI[merge]}, got {abi}: rebuild _C")
     t, h, d = q.shape
+    mode = kv_mode(_cache_format(kv) == "fp8", fp8_path)
     idx = _index_rows("indices", indices, t)
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
@@ -218,7 +258,7 @@ def sparse_attn_cuda(
     ex_idx = _index_rows("extra_indices", extra_indices, t) if extra_indices is not None else None
     if t == 0:
         return out, lse_out
-    kv_f, fp8 = _rows(kv)
+    kv_f = _rows(kv)[0]
     ex_f = _rows(extra_kv)[0] if extra_kv is not None else kv_f
     q_ok = q.stride(-1) == 1 and _aligned(q, (q.stride(0), q.stride(1)))
     q_c = q if q_ok else q.clone(memory_format=torch.contiguous_format)
@@ -255,7 +295,7 @@ def sparse_attn_cuda(
         kv_f.shape[0], ex_f.shape[0] if ex_idx is not None else 0, idx.stride(0), ei.stride(0),
         kv_f.stride(0) * kv_f.element_size(), ex_f.stride(0) * ex_f.element_size(),
         q_c.stride(0), q_c.stride(1), o_dst.stride(0), o_dst.stride(1), lse_out.stride(0), lse_out.stride(1),
-        fp8, torch.cuda.current_stream(q.device).cuda_stream,
+        mode if abi >= 4 else bool(mode), torch.cuda.current_stream(q.device).cuda_stream,
     )  # fmt: skip
     if part_o is not None and part_lse is not None and merge == "triton":
         combine_splits(part_o, part_lse, sink_c, o_dst, lse_out, num_splits, bf16_rne=False)
