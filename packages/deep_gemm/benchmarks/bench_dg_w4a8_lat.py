@@ -1,13 +1,11 @@
-"""W4A8 grouped GEMM, latency round (session 9): the chunk-pipelined rs kernels beside cuda_rs2s4n256 and the FP8 API.
+"""W4A8 grouped GEMM, latency round: the API's default from 256 rows per group (cuda_rs2s4n256) against the FP8 API.
 
-Issue 6 goal: FP4 experts >= 0.85x the FP8-expert grouped API where compute-bound. Nsight Compute showed
-`cuda_rs2s4n256` (today's API default from 256 rows per group) latency-bound: the tensor core idles while a consumer
-waits for its wgmmas and then promotes. The `cuda_rs2s4n256p*` variants (csrc/cuda/dg_w4a8_rs.cuh, kPipe) split each
-256-token block into four 64-token chunks of n64 wgmmas and promote chunk c - 1 while chunk c's wgmmas run (`..pl`:
-+ the promotion's fa words loaded before each wait). Same products in the same order: every row records
-bit_equal / calc_diff vs cuda_rs2s4n256's output (expected bit-equal) and x_rs2s4n256, x_fp8_api.
-Cases (helpers of bench_dg_w4a8_ws.py): 256 experts, 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up
-and (4096, 2048) down.
+Issue 6 goal: FP4 experts >= 0.85x the FP8-expert grouped API where compute-bound: each row records x_fp8_api (and
+x_rs2s4n256; a new rs variant added to IMPLS also gets bit_equal / calc_diff vs cuda_rs2s4n256's output). Session 9's
+chunk-pipelined n64 variants `cuda_rs2s4n256p` / `..pl` / `..pi` / `..pil` were measured here (results/
+2026-12-01-s9-bench-dg_w4a8_lat.json: bit-equal, 0.93-0.98x cuda_rs2s4n256) and removed; `--table` still prints
+that file. Cases (helpers of bench_dg_w4a8_ws.py): 256 experts, 256 / 1,024 tokens per expert, (n, k) =
+(4096, 4096) gate+up and (4096, 2048) down.
 
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_lat.py --out RESULT.json   # H200, < 90 s
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_lat.py --smoke             # CPU, tiny (reference path)
@@ -28,12 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_dg_w4a8_ws as ws  # noqa: E402  (puts this checkout's src/ first on sys.path)
 import torch  # noqa: E402
 
-from deepinfer.deep_gemm.backends.cuda import cuda_w4a8_grouped as cw  # noqa: E402
 from kernelkit import write_results_json  # noqa: E402
 
 BASE = "cuda_rs2s4n256"  # today's API default from 256 rows per group
-PIPE_ROWS = tuple(cw.variant_name((2, 4, s)) for s in cw.PIPE_SCHEMES)
-IMPLS = (BASE, *PIPE_ROWS)
+IMPLS = (BASE,)  # (+ any rs variant to compare with it)
 TPES = (256, 1024)
 BUDGET_S = 75.0  # no new case past this
 META = {"package": "deep_gemm", "bench": "w4a8_lat"}

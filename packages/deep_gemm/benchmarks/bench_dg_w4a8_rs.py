@@ -7,7 +7,7 @@ gate+up and (4096, 2048) down; rows: the FP8 grouped API, `cuda_wg2s4` (today's 
 (csrc/cuda/dg_w4a8_rs.cuh), all through the W4A8 API's impl=. Every W4A8 row records bit_equal / calc_diff vs
 cuda_wg2s4's output and x_ws2s4. (cuda_wg1s4 and cuda_rs2s6 were measured in session 8 round 1:
 build/s8/dgrs_r2.json; the folded `..f` / `..fc` rows until session 8: removed in session 9 with their kernels; the
-chunk-pipelined rs variants are in bench_dg_w4a8_lat.py.)
+chunk-pipelined rs variants `..p` / `..pl` / `..pi` / `..pil` of session 9: removed, see bench_dg_w4a8_lat.py.)
 
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_rs.py --out RESULT.json   # H200, ~80 s
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_rs.py --smoke             # CPU, tiny (reference path)

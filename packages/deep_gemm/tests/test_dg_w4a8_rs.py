@@ -1,16 +1,16 @@
-"""The register-operand W4A8 kernel (`cuda_rs2s4`, `cuda_rs2s6`, 256-token tiles `cuda_rs2s4n256`, `cuda_rs2s3n256`;
-the chunk-pipelined promotion `cuda_rs2s4n256p`, `..pl`, `..pi`, `..pil`: csrc/cuda/dg_w4a8_rs.cuh).
+"""The register-operand W4A8 kernel (`cuda_rs2s4`, `cuda_rs2s6`, 256-token tiles `cuda_rs2s4n256`, `cuda_rs2s3n256`:
+csrc/cuda/dg_w4a8_rs.cuh).
 
 CPU: names and routing, a Python model of the consumers' fragment extraction (chunk swizzle + word / halfword pick
-+ nibble order) against the m64k32 8-bit A-fragment layout, the kPipe chunk -> accumulator mapping, an sm_90a nvcc
-compile check of dg_w4a8_rs.cu (spills, the 384-thread register ceiling, no wgmma serialisation). `gpu`: vs float64
++ nibble order) against the m64k32 8-bit A-fragment layout, an sm_90a nvcc compile check of dg_w4a8_rs.cu (no
+spills, the 384-thread register ceiling, no wgmma serialisation). `gpu`: vs float64
 (test_dg_w4a8_cuda._check: calc_diff + the FP8-accumulation element bound) on partial tiles, empty groups, few CTAs,
 one k block per tile, adversarial scale spreads (the exact per-32 path), tiny scales, a NaN scale byte, a slow row;
 CUDA-graph replay with new offs; the API's impl= choice. Bit-equality with cuda_wg2s4 is REPORTED (printed
 "RS_BITEQ ..."; run with -s), not asserted: the kernel swaps the MMA's operand roles, and whether the tensor core
 sums a k32 step in the same order then is not documented. The bit-equality is asserted only for the NaN pattern and
-the rows past offs, and for the chunk-pipelined variants against cuda_rs2s4n256 (the same operand roles, products
-and order). (The folded "..f", "..fc" and fast-epilogue "..e" variants and their tests were removed in session 9.)
+the rows past offs. (The folded "..f", "..fc" and fast-epilogue "..e" variants and the chunk-pipelined n64 variants
+"..p", "..pl", "..pi", "..pil" and their tests were removed in session 9.)
 """
 
 from __future__ import annotations
@@ -31,32 +31,26 @@ from deepinfer.deep_gemm.backends.cuda import cuda_w4a8_grouped as cw
 
 RS = cw.RS_VARIANTS
 BASE = (2, 4, 0)  # cuda_wg2s4: the same 128 x 128 tiles, conversion and promotion products
-# the chunk-pipelined variants (session 9) and their twin: the same k32 products, order and promotion fmaf per element
-PIPE = tuple(v for v in RS if v[2] in cw.PIPE_SCHEMES)
-PIPE_TWIN = (2, 4, 5)  # cuda_rs2s4n256
 
 
 def test_rs_names() -> None:
     assert [cw.variant_name(v) for v in RS] == [
-        "cuda_rs2s4", "cuda_rs2s6", "cuda_rs2s4n256", "cuda_rs2s3n256", "cuda_rs2s4n256p", "cuda_rs2s4n256pl",
-        "cuda_rs2s4n256pi", "cuda_rs2s4n256pil",
+        "cuda_rs2s4", "cuda_rs2s6", "cuda_rs2s4n256", "cuda_rs2s3n256",
     ]  # fmt: skip
-    assert cw.parse_variant("cuda_rs2s4n256p") == (2, 4, 11) and cw.parse_variant("cuda_rs2s4n256pl") == (2, 4, 12)
-    assert cw.parse_variant("cuda_rs2s4n256pil") == (2, 4, 14)
-    assert PIPE == ((2, 4, 11), (2, 4, 12), (2, 4, 13), (2, 4, 14))
-    assert not set(PIPE) & set(cw.SREF_SCHEMES)
     assert cw.parse_variant("cuda_rs2s4") == (2, 4, 4)
-    for removed in ("cuda_rs2s4f", "cuda_rs2s4n256f", "cuda_rs2s3n256f", "cuda_rs2s4n256fc", "cuda_rs2s4n256e",
-                    "cuda_rs2s4e"):  # fmt: skip
+    removed = ("cuda_rs2s4f", "cuda_rs2s4n256f", "cuda_rs2s3n256f", "cuda_rs2s4n256fc", "cuda_rs2s4n256e",
+               "cuda_rs2s4e", "cuda_rs2s4n256p", "cuda_rs2s4n256pl", "cuda_rs2s4n256pi",
+               "cuda_rs2s4n256pil")  # fmt: skip
+    for name in removed:
         with pytest.raises(ValueError, match="impl"):
-            cw.parse_variant(removed)
+            cw.parse_variant(name)
     assert cw.parse_variant("cuda_rs2s4n256") == (2, 4, 5)
     assert cw.parse_variant("cuda_rs2s6") == (2, 6, 4)
     assert cw.DEFAULT_VARIANT == BASE  # the default is unchanged
     assert not set(RS) & set(cw.WS_VARIANTS)
 
 
-@pytest.mark.parametrize("impl", ["cuda_rs2s4", "cuda_rs2s4n256", "cuda_rs2s4n256p"])
+@pytest.mark.parametrize("impl", ["cuda_rs2s4", "cuda_rs2s4n256"])
 def test_rs_api_on_cpu_runs_reference(impl: str) -> None:
     """On CPU tensors an rs impl name is accepted and runs the reference (the kernel needs CUDA tensors and `_C`)."""
     a, sfa, packed, scales, offs = _operands([5, 0, 9], 32, 256, gen(3))
@@ -115,29 +109,9 @@ def test_rs_fragment_model() -> None:
             assert len(groups) == 8, (j, r0)
 
 
-def test_rs_pipe_chunk_layout_model() -> None:
-    """kPipe: the n64 accumulator fragment of 64-token chunk c (register 4 j + e: weight row lane / 4 + 8 (e >> 1) of
-    the warp's 16, token 64 c + 8 j + 2 q + (e & 1)) is exactly acc[c / 2][32 (c % 2) + 4 j + e] of the n128 layout
-    (token 128 h + 8 J + 2 q + (e & 1)), the fa word rs_promote<8> reads for it (fa_s + 64 c + 8 j + 2 q) is that
-    token's, and the chunk's X rows start at a multiple of the 1024-byte swizzle atom (same descriptor form)."""
-    for c in range(4):
-        assert (c * 64 * 128) % 1024 == 0
-        for q in range(4):
-            for j in range(8):
-                for e in range(4):
-                    h, idx = c >> 1, 32 * (c & 1) + 4 * j + e
-                    tok_n64 = 64 * c + 8 * j + 2 * q + (e & 1)
-                    tok_n128 = 128 * h + 8 * (idx >> 2) + 2 * q + (idx & 1)
-                    assert tok_n64 == tok_n128 and (idx >> 1) & 1 == e >> 1, (c, q, j, e)
-                    assert 64 * c + 8 * j + 2 * q + (e & 1) == tok_n64  # fa index (+ 1 for .y)
-
-
 def test_rs_sm90_compile() -> None:
     """nvcc 13 builds dg_w4a8_rs.cu for sm_90a: the rs kernels + the pre-pass, <= 168 registers (65536 / 384
-    threads), no wgmma serialisation / ignored-setmaxnreg warning (skipped without nvcc). No spills, except
-    cuda_rs2s4n256pl / ..pil (kPipe 3 / 7: the early fa words; setmaxnreg 232 per consumer): ptxas keeps one word in
-    local memory there (8 bytes, one LDL per block). No wgmma serialisation (C7511: the kPipe chunks need
-    their own tmp registers, see rs_block_pipe)."""
+    threads), no spills, no wgmma serialisation (C7511) / ignored-setmaxnreg warning (skipped without nvcc)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
@@ -152,8 +126,7 @@ def test_rs_sm90_compile() -> None:
     assert len(regs) == len(RS) + 1 and len(spills) == len(RS) + 1, res.stderr[-2000:]
     assert max(regs) <= 168, res.stderr[-3000:]
     for name, stores in spills:
-        pipe_fa = name.endswith(("Li3EEEvNS_6ParamsE", "Li7EEEvNS_6ParamsE"))  # kPipe 3 / 7 (kPipeFa)
-        assert int(stores) <= (8 if pipe_fa else 0), (name, stores, res.stderr[-3000:])
+        assert int(stores) == 0, (name, stores, res.stderr[-3000:])
     for code in ("C7510", "C7508", "C7511"):
         assert code not in res.stderr, res.stderr[-3000:]
 
@@ -228,43 +201,6 @@ def test_gpu_rs_nan_and_slow_row(variant: tuple[int, int, int]) -> None:
     keep = [c for c in range(256) if c != 7]
     sub = (a, sfa, packed[:, keep].contiguous(), scales[:, keep].contiguous(), offs)
     _check(out[:, keep].contiguous(), sub, counts, f"{cw.variant_name(variant)} nan byte + slow row (other columns)")
-
-
-@pytest.mark.gpu
-@needs_kernel
-@pytest.mark.parametrize("variant", PIPE, ids=cw.variant_name)
-@pytest.mark.parametrize(
-    ("counts", "n", "k", "ctas", "sb"),
-    [
-        ([256, 300, 0, 212], 4096, 4096, 0, None),  # V4 gate+up shape: ragged groups (m % 256 != 0), an empty one
-        ([3, 0, 130, 64, 1, 513], 4096, 2048, 0, None),  # V4 down shape, tiny and > 256-row groups
-        ([200, 17, 0], 192, 256, 3, None),  # n tail tile, few CTAs (several tiles each), trailing empty group
-        ([5, 9, 140, 513], 384, 1024, 0, (30, 200)),  # adversarial spread: every block takes the per-32 path
-        ([70, 5, 131], 256, 512, 1, (1, 40)),  # tiny scales (subnormal factors), one CTA walks every tile
-        ([300, 77, 129], 256, 1024, 0, "mixed"),  # k-block 1 of row 3 slow: fast and per-32 blocks in one tile
-    ],
-)
-def test_gpu_rs_pipe_bit_equal(variant, counts: list[int], n: int, k: int, ctas: int, sb) -> None:
-    """The chunk-pipelined block (n64 chunks, one promoted while the next runs) computes every accumulator from the
-    same k32 products in the same order with the same fmaf as cuda_rs2s4n256: BIT-equal over the whole out (NaN-safe;
-    a NaN scale byte in the default-scale cases; rows past offs stay NaN); small cases also vs float64."""
-    g = gen(sum(counts) + n + 5 * k)
-    ops = _operands(counts, n, k, g, sb) if isinstance(sb, tuple) else _operands(counts, n, k, g)
-    if sb is None:
-        ops[3][1, 7, 1] = 255  # a NaN column in group 1
-    elif sb == "mixed":
-        ops[3][:, 3, 4] = 100  # (the default bytes are 118..130: a 18..30-binade spread in k-block 1)
-    got, twin = _run_cuda(ops, variant, counts, ctas), _run_cuda(ops, PIPE_TWIN, counts, ctas)
-    nan_same = torch.equal(got.isnan(), twin.isnan())
-    ne = int(((got.view(torch.int16) != twin.view(torch.int16)) & ~(got.isnan() & twin.isnan())).sum())
-    assert ne == 0 and nan_same, (
-        f"{cw.variant_name(variant)} vs cuda_rs2s4n256 counts={counts} n={n} k={k} ctas={ctas} sb={sb}: "
-        f"{ne}/{got.numel()} bf16 values differ, NaN pattern equal={nan_same}, "
-        f"calc_diff={calc_diff(got.double().nan_to_num(), twin.double().nan_to_num()):.3e}"
-    )
-    assert got[sum(counts) :].isnan().all(), "rows past offs[-1] were written"
-    if n * k <= 1024 * 1024:
-        _check(got, ops, counts, f"{cw.variant_name(variant)} counts={counts} sb={sb}", elementwise=sb != (1, 40))
 
 
 @pytest.mark.gpu

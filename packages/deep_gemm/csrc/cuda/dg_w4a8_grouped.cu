@@ -113,23 +113,18 @@ int smem_of_ws(int g) {
 
 // Schemes 4 ("rs") and 5 ("rs", 256-token tiles): the register-operand kernel of dg_w4a8_rs.cu (weights as the
 // wgmma's A operand from registers; 2 consumer warpgroups x 64 weight rows, 128 / 256-token tiles). (Schemes 6-10,
-// the folded / cheap-conversion / fast-epilogue builds, were removed in session 9: 0.96-1.07x their twins.)
-template <int NS, int TOK, int PIPE>
+// the folded / cheap-conversion / fast-epilogue builds, were removed in session 9: 0.96-1.07x their twins; so were
+// schemes 11-14, the chunk-pipelined n64 builds: bit-equal to 5, 0.93-0.98x it.)
+template <int NS, int TOK>
 int launch_rs(const Params& p, int ctas, cudaStream_t stream) {
-  return w4a8_rs_launch(NS, TOK, PIPE, p, ctas, stream, &g_last_error);
+  return w4a8_rs_launch(NS, TOK, p, ctas, stream, &g_last_error);
 }
-template <int NS, int TOK, int PIPE>
+template <int NS, int TOK>
 int smem_of_rs(int g) {
-  return w4a8_rs_smem_bytes(NS, TOK, PIPE, g);
+  return w4a8_rs_smem_bytes(NS, TOK, g);
 }
 #define DG_W4A8_RS_VARIANT(NS, TOK) \
-  Entry { {2, NS, TOK == 128 ? 4 : 5}, &launch_rs<NS, TOK, 0>, &smem_of_rs<NS, TOK, 0> }
-
-// Schemes 11..14 ("rs ... p" / "pl" / "pi" / "pil"): 5 with the chunk-pipelined block (four 64-token chunks of n64
-// wgmmas, chunk c - 1 promoted while chunk c runs; "l": the promotion's fa words loaded before each wait; "i": the four
-// slices converted first, interleaved, then chunk 0 issued back to back); bit-equal to 5.
-#define DG_W4A8_RSP_VARIANT(NS, CODE, SCHEME) \
-  Entry { {2, NS, SCHEME}, &launch_rs<NS, 256, CODE>, &smem_of_rs<NS, 256, CODE> }
+  Entry { {2, NS, TOK == 128 ? 4 : 5}, &launch_rs<NS, TOK>, &smem_of_rs<NS, TOK> }
 
 #define DG_W4A8_VARIANT(WG, NS, REL) \
   Entry { {WG, NS, REL}, &launch<WG, NS, REL>, &smem_of<WG, NS, REL> }
@@ -149,10 +144,6 @@ const Entry kEntries[] = {
     DG_W4A8_RS_VARIANT(6, 128),  // 6-stage ring
     DG_W4A8_RS_VARIANT(4, 256),  // 256-token tiles: each converted weight fragment feeds two n128 wgmmas
     DG_W4A8_RS_VARIANT(3, 256),  //
-    DG_W4A8_RSP_VARIANT(4, kRsPipe, 11),    // 5 + chunk-pipelined promotion (n64 chunks, wait_group 1)
-    DG_W4A8_RSP_VARIANT(4, kRsPipeFa, 12),  // 11 + the fa words loaded before each wait
-    DG_W4A8_RSP_VARIANT(4, kRsPipeIlp, 13),   // 11 + the four slices converted first (interleaved)
-    DG_W4A8_RSP_VARIANT(4, kRsPipeIlpFa, 14),  // 13 + 12's early fa words
 #endif
 };
 

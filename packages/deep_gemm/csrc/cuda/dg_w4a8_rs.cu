@@ -12,7 +12,7 @@ constexpr int kMaxDevices = 64;
 
 // Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and instantiation (a launch under
 // CUDA-graph capture then only launches); returns the SM count.
-template <int NS, int TOK, int PIPE = 0>
+template <int NS, int TOK>
 cudaError_t rs_opt_in(int* sms) {
   static bool configured[kMaxDevices] = {};
   static int n_sms[kMaxDevices] = {};
@@ -21,7 +21,7 @@ cudaError_t rs_opt_in(int* sms) {
   if (err != cudaSuccess) return err;
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if (!configured[dev]) {
-    err = cudaFuncSetAttribute(w4a8_rs_kernel<NS, TOK, 0, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    err = cudaFuncSetAttribute(w4a8_rs_kernel<NS, TOK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                RsLayout<NS, TOK>::bytes(kMaxGroups));
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess) return err;
@@ -31,21 +31,21 @@ cudaError_t rs_opt_in(int* sms) {
   return cudaSuccess;
 }
 
-template <int NS, int TOK, int PIPE = 0>
+template <int NS, int TOK>
 int rs_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
   using L = RsLayout<NS, TOK>;
   int sms = 0;
   const int smem = L::bytes(p.g);
-  cudaError_t err = rs_opt_in<NS, TOK, PIPE>(&sms);
+  cudaError_t err = rs_opt_in<NS, TOK>(&sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;  // one 384-thread CTA per SM (the ring takes most of the shared memory)
-    w4a8_rs_kernel<NS, TOK, 0, PIPE><<<ctas, L::kThreads, smem, stream>>>(p);
+    w4a8_rs_kernel<NS, TOK><<<ctas, L::kThreads, smem, stream>>>(p);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess && msg != nullptr) {
     char buf[200];
-    std::snprintf(buf, sizeof(buf), "w4a8 rs stages=%d tokens=%d pipe=%d smem=%d ctas=%d: %s", NS, TOK, PIPE, smem,
-                  ctas, cudaGetErrorString(err));
+    std::snprintf(buf, sizeof(buf), "w4a8 rs stages=%d tokens=%d smem=%d ctas=%d: %s", NS, TOK, smem, ctas,
+                  cudaGetErrorString(err));
     *msg = buf;
   }
   return static_cast<int>(err);
@@ -53,10 +53,8 @@ int rs_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg) 
 
 }  // namespace
 
-// Keep in sync with the DG_W4A8_RS_VARIANT / DG_W4A8_RSP_VARIANT entries of dg_w4a8_grouped.cu.
-int w4a8_rs_smem_bytes(int stages, int tok, int pipe, int g) {
-  if (pipe >= kRsPipe && pipe <= kRsPipeIlpFa && tok == 256 && stages == 4) return RsLayout<4, 256>::bytes(g);
-  if (pipe != 0) return -1;
+// Keep in sync with the DG_W4A8_RS_VARIANT entries of dg_w4a8_grouped.cu.
+int w4a8_rs_smem_bytes(int stages, int tok, int g) {
   if (tok == 128 && stages == 4) return RsLayout<4, 128>::bytes(g);
   if (tok == 128 && stages == 6) return RsLayout<6, 128>::bytes(g);
   if (tok == 256 && stages == 4) return RsLayout<4, 256>::bytes(g);
@@ -64,20 +62,10 @@ int w4a8_rs_smem_bytes(int stages, int tok, int pipe, int g) {
   return -1;
 }
 
-int w4a8_rs_launch(int stages, int tok, int pipe, const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
-  if (tok == 256 && stages == 4) {
-    switch (pipe) {
-      case 0: return rs_launch<4, 256>(p, ctas, stream, msg);
-      case kRsPipe: return rs_launch<4, 256, 1>(p, ctas, stream, msg);
-      case kRsPipeFa: return rs_launch<4, 256, 3>(p, ctas, stream, msg);
-      case kRsPipeIlp: return rs_launch<4, 256, 5>(p, ctas, stream, msg);
-      case kRsPipeIlpFa: return rs_launch<4, 256, 7>(p, ctas, stream, msg);
-      default: return -1;
-    }
-  }
-  if (pipe != 0) return -1;
+int w4a8_rs_launch(int stages, int tok, const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
   if (tok == 128 && stages == 4) return rs_launch<4, 128>(p, ctas, stream, msg);
   if (tok == 128 && stages == 6) return rs_launch<6, 128>(p, ctas, stream, msg);
+  if (tok == 256 && stages == 4) return rs_launch<4, 256>(p, ctas, stream, msg);
   if (tok == 256 && stages == 3) return rs_launch<3, 256>(p, ctas, stream, msg);
   return -1;
 }

@@ -27,9 +27,6 @@
 // Schemes 6-10 (row-reference scales folded "..f", the cheaper conversion "..fc", the staged coalesced epilogue
 // "..e") were measured at 0.96-1.07x their twins in session 8 and removed in session 9 (code: git history).
 //
-// kPipe ("rs ... p*", schemes 11-14, 256-token tiles, absolute scales): the block as four 64-token chunks of n64
-// wgmmas, chunk c - 1 promoted while chunk c's wgmmas run (rs_block_pipe); bit-identical to kTok = 256.
-//
 // Registers: a consumer holds acc 64 (kTok 256: 128) + tmp 64 fp32 + 16 fragment registers (all four slices of a
 // block stay live until the block's last wait): setmaxnreg moves registers from the producer to the consumers
 // (RsLayout::kProdRegs / kConsRegs).
@@ -209,113 +206,16 @@ __device__ __forceinline__ void rs_frag_raw(uint32_t* a, const uint8_t* w, int r
 
 // acc[i] += tmp[i] * (fa(token of i) * fw(weight row of i)): thread holds (row rl, tokens 8 j + 2 q + {0, 1}) in
 // [4 j + {0, 1}] and (rl + 8, same tokens) in [4 j + {2, 3}]. The product fa * fw is cuda_wg2s4's sa * f.
-template <int kJ = 16>  // (kJ = 8: one 64-token chunk of the kPipe kernel)
 __device__ __forceinline__ void rs_promote(float* acc, const float* tmp, const float* fa_s, float fw0, float fw1) {
   const int q = threadIdx.x & 3;
 #pragma unroll
-  for (int j = 0; j < kJ; ++j) {
+  for (int j = 0; j < 16; ++j) {
     const float2 fa = *reinterpret_cast<const float2*>(fa_s + 8 * j + 2 * q);
     acc[4 * j + 0] = fmaf(tmp[4 * j + 0], fa.x * fw0, acc[4 * j + 0]);
     acc[4 * j + 1] = fmaf(tmp[4 * j + 1], fa.y * fw0, acc[4 * j + 1]);
     acc[4 * j + 2] = fmaf(tmp[4 * j + 2], fa.x * fw1, acc[4 * j + 2]);
     acc[4 * j + 3] = fmaf(tmp[4 * j + 3], fa.y * fw1, acc[4 * j + 3]);
   }
-}
-
-// kPipe: wait until at most one wgmma group (the chunk issued last) is in flight.
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-
-// kPipeFa: fa[j] for j < 4 (tokens 8 j + 2 q, + 1 from fa_s): 8 registers.
-__device__ __forceinline__ void rs_load_fa4(float2* fa, const float* fa_s) {
-  const int q = threadIdx.x & 3;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) fa[j] = *reinterpret_cast<const float2*>(fa_s + 8 * j + 2 * q);
-}
-
-// kPipe: rs_promote of one 64-token chunk (the n64 accumulator layout is the n128 one's first 8 column groups):
-// acc[i] (the chunk's 32 accumulators) += t[i] * (fa * fw), the same products and fmaf as rs_promote.
-__device__ __forceinline__ void rs_promote_chunk(float* acc, const float* t, const float2* fa, float fw0, float fw1) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    acc[4 * j + 0] = fmaf(t[4 * j + 0], fa[j].x * fw0, acc[4 * j + 0]);
-    acc[4 * j + 1] = fmaf(t[4 * j + 1], fa[j].y * fw0, acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(t[4 * j + 2], fa[j].x * fw1, acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(t[4 * j + 3], fa[j].y * fw1, acc[4 * j + 3]);
-  }
-}
-
-// kPipe, absolute fast path of a 256-token block: four 64-token chunks c (tokens 64 c ..), each four n64 k32 wgmmas
-// into tmp half c % 2 (one commit group per chunk); chunk c - 1 is promoted while chunk c's wgmmas run (wait_group 1),
-// so the tensor core is fed during every promotion but the last. The four slices are converted during chunk 0 (slice j
-// while the tensor core runs slice j - 1), as rs_block. kPipe & kPipeFa: the fa words of a chunk's first 32 tokens are
-// loaded BEFORE its wait (their shared-memory latency overlaps the wgmmas; 8 more live registers; ptxas keeps one
-// word in local memory then). The two tmp halves are own registers (tq), not the n128 paths' tmp: sharing those made
-// ptxas serialise the wgmmas (C7511). kPipe & kPipeIlp: the four slices
-// are converted first, interleaved (four independent chains), then chunk 0's wgmmas issue back to back. Per
-// accumulator: the same k32 products in the same order and the same promotion fmaf as rs_block (bit-identical to
-// cuda_rs2s4n256).
-constexpr int kPipeOn = 1, kPipeFa = 2, kPipeIlp = 4;
-
-// The four slices' fragments of a block at once (fast path: d_j = s_max - s_j): four independent chains the
-// scheduler interleaves (rs_frag's loads first, then the conversions).
-__device__ __forceinline__ void rs_frag4(uint32_t (*a)[4], const uint8_t* w, const uint32_t* lut, int rl, uint32_t m0,
-                                         uint32_t m1, uint32_t sc0, uint32_t sc1, bool hiw, uint32_t sel) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    rs_frag(a[j], w, lut, rl, j, m0 - ((sc0 >> (8 * j)) & 0xffu), m1 - ((sc1 >> (8 * j)) & 0xffu), hiw, sel);
-  }
-}
-
-// Chunks 0 .. 3 of a 256-token block (kPipe): chunk c's four n64 wgmmas into tq[c % 2], one commit group each;
-// after issuing chunk c (c > 0), chunk c - 1 is promoted (wait_group 1). Leaves chunk 3 in flight (the caller waits
-// and promotes it with rs_promote<8>(acc[1] + 32, tq[1], fa_s + 192, ...)). Chunk 0's slice j is converted just
-// before its wgmma when `conv` (rs_block's order), else a holds the four converted slices already.
-template <int kPipe>
-__device__ __forceinline__ void rs_chunks(float (*acc)[64], float (*tq)[32], uint32_t (*a)[4], const uint8_t* w,
-                                          const uint32_t* lut, const float* fa_s, uint32_t x_base, int rl,
-                                          uint32_t m0, uint32_t m1, uint32_t sc0, uint32_t sc1, bool hiw, uint32_t sel,
-                                          float fw0, float fw1, bool conv) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t xb = x_base + c * 64 * 128;  // (a multiple of the 1024-byte swizzle atom: same descriptor form)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (c == 0 && conv) {
-        rs_frag(a[j], w, lut, rl, j, m0 - ((sc0 >> (8 * j)) & 0xffu), m1 - ((sc1 >> (8 * j)) & 0xffu), hiw, sel);
-      }
-      if ((c == 0 && conv) || j == 0) wg_arrive();  // (chunk c >= 2 overwrites the tq half a promotion read)
-      wgmma_m64n64k32_e4m3_rs(tq[c & 1], a[j], gmma_desc(xb + 32 * j), j);
-    }
-    wg_commit();
-    if (c >= 1) {  // promote chunk c - 1 while chunk c runs
-      const int pc = c - 1;
-      float2 fa[8];
-      if constexpr ((kPipe & kPipeFa) != 0) rs_load_fa4(fa, fa_s + 64 * pc);  // tokens 0..31 of the chunk
-      wg_wait1();
-      reg_fence<32>(tq[pc & 1]);
-      if constexpr ((kPipe & kPipeFa) == 0) {
-        rs_promote<8>(acc[pc >> 1] + 32 * (pc & 1), tq[pc & 1], fa_s + 64 * pc, fw0, fw1);  // (8 j steps)
-      } else {
-        rs_load_fa4(fa + 4, fa_s + 64 * pc + 32);
-        rs_promote_chunk(acc[pc >> 1] + 32 * (pc & 1), tq[pc & 1], fa, fw0, fw1);
-      }
-    }
-  }
-}
-
-template <int kPipe>
-__device__ __forceinline__ void rs_block_pipe(float (*acc)[64], uint32_t (*a)[4], const uint8_t* w,
-                                              const uint32_t* lut, const float* fa_s, uint32_t x_base, int rl,
-                                              uint32_t sc0, uint32_t sc1, bool hiw, uint32_t sel) {
-  const uint32_t m0 = max4(sc0), m1 = max4(sc1);
-  const float fw0 = pow2_scale(m0), fw1 = pow2_scale(m1);
-  float tq[2][32];  // (own registers, not the n128 paths' tmp: sharing them made ptxas serialise the wgmmas, C7511)
-  constexpr bool kIlp = (kPipe & kPipeIlp) != 0;
-  if constexpr (kIlp) rs_frag4(a, w, lut, rl, m0, m1, sc0, sc1, hiw, sel);
-  rs_chunks<kPipe>(acc, tq, a, w, lut, fa_s, x_base, rl, m0, m1, sc0, sc1, hiw, sel, fw0, fw1, !kIlp);
-  wg_wait0();
-  reg_fence<32>(tq[1]);
-  rs_promote<8>(acc[1] + 32, tq[1], fa_s + 192, fw0, fw1);
 }
 
 // The transposed tile (tokens tok0 .. tok0 + 127): acc[4 j + e] = D[token row0 + tok0 + 8 j + 2 q + (e & 1)]
@@ -339,7 +239,7 @@ __device__ __forceinline__ void rs_store(const Params& p, const Tile& tile, floa
 
 // One k-block of a stage: fast (one tmp per token half over the four slices, promoted once) or slow (per-32
 // promotion). acc: kHalves x 64 (token half h: tokens 128 h ..); the A fragments are converted once for all halves.
-template <int kStages, int kTok, int kAblate = 0, int kPipe = 0>
+template <int kStages, int kTok, int kAblate = 0>
 __device__ __forceinline__ void rs_block(float (*acc)[64], float* tmp, uint8_t* st, const uint32_t* lut, int rl,
                                          bool hiw, uint32_t sel) {
   using L = RsLayout<kStages, kTok>;
@@ -352,13 +252,7 @@ __device__ __forceinline__ void rs_block(float (*acc)[64], float* tmp, uint8_t* 
   // the ablations always take the fast path
   const int mode = kAblate != 0 ? kAbsFast : *reinterpret_cast<const volatile int*>(st + L::kMode);
   uint32_t a[4][4];
-  if constexpr (kPipe != 0) {  // (256-token tiles, no ablation: static_asserts in the kernel)
-    if (mode == kAbsFast) {
-      rs_block_pipe<kPipe>(acc, a, w, lut, fa_s, x_base, rl, sc0, sc1, hiw, sel);
-      return;
-    }
-  }
-  if (kPipe == 0 && mode == kAbsFast) {
+  if (mode == kAbsFast) {
     const uint32_t m0 = max4(sc0), m1 = max4(sc1);
     const float fw0 = pow2_scale(m0), fw1 = pow2_scale(m1);  // 2^(s_max - 133)
 #pragma unroll
@@ -413,7 +307,7 @@ __device__ __forceinline__ void rs_block(float (*acc)[64], float* tmp, uint8_t* 
   }
 }
 
-template <int kStages, int kTok, int kAblate = 0, int kPipe = 0>
+template <int kStages, int kTok, int kAblate = 0>
 __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                             int n_tiles) {
   using L = RsLayout<kStages, kTok>;
@@ -436,7 +330,7 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
   for (int sp = 0; sp < steps; ++sp) {
     const int stage = sp % kStages;
     mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
-    rs_block<kStages, kTok, kAblate, kPipe>(acc, tmp, smem + stage * L::kStage, lut, rl, hiw, sel);
+    rs_block<kStages, kTok, kAblate>(acc, tmp, smem + stage * L::kStage, lut, rl, hiw, sel);
     mbar_arrive(&empty[stage]);  // the wgmmas and the generic reads of this stage are done
     if (++ckb == kblocks) {
 #pragma unroll
@@ -454,10 +348,9 @@ __device__ void rs_consumer(const Params& p, uint8_t* smem, const int* prefix, i
   }
 }
 
-template <int kStages, int kTok, int kAblate = 0, int kPipe = 0>
+template <int kStages, int kTok, int kAblate = 0>
 __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
   using L = RsLayout<kStages, kTok>;
-  static_assert(kPipe == 0 || (kTok == 256 && kAblate == 0), "kPipe: 256-token tiles, not an ablation build");
   static_assert(kStages >= 3, "the ring needs >= 3 stages (one loading, one ready, one consumed)");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -486,7 +379,7 @@ __global__ void __launch_bounds__(384, 1) w4a8_rs_kernel(const Params p) {
     rs_producer<kStages, kTok>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::kConsRegs) : "memory");
-    rs_consumer<kStages, kTok, kAblate, kPipe>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+    rs_consumer<kStages, kTok, kAblate>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

@@ -13,12 +13,10 @@ rel = 2 / 3: the warp-specialised kernel (`csrc/cuda/dg_w4a8_ws.cuh`, same numer
 consumers, 'cuda_wsp2s4'). rel = 4: the register-operand kernel (`csrc/cuda/dg_w4a8_rs.cuh`: the converted weights
 are the wgmma's A operand from registers, never written to shared memory; 'cuda_rs2s4', 'cuda_rs2s6'; rel = 5: the same
 kernel with 256-token tiles, 'cuda_rs2s4n256', 'cuda_rs2s3n256' (rel = 6-10, the folded / cheap-conversion /
-fast-epilogue rs builds, were removed in session 9: 0.96-1.07x their twins); rel = 11: rel 5 with the chunk-pipelined
-promotion (64-token chunks, one promoted while the next one's wgmmas run; bit-equal), 'cuda_rs2s4n256p'; 12: + fa
-loaded before each wait, 'cuda_rs2s4n256pl'; 13 / 14: 11 / 12 with the four slices converted first, interleaved,
-'cuda_rs2s4n256pi', 'cuda_rs2s4n256pil'. rel = 1: row-reference scales (a pre-pass kernel writes each weight row's
-largest scale byte into a uint16 [g, n] workspace, allocated per call; the main loop's promotion is then one FFMA per
-accumulator; see the kernel header).
+fast-epilogue rs builds, were removed in session 9: 0.96-1.07x their twins; so were rel = 11-14, the chunk-pipelined
+n64 builds 'cuda_rs2s4n256p' / 'pl' / 'pi' / 'pil': bit-equal to rel 5, 0.93-0.98x it). rel = 1: row-reference
+scales (a pre-pass kernel writes each weight row's largest scale byte into a uint16 [g, n] workspace, allocated per
+call; the main loop's promotion is then one FFMA per accumulator; see the kernel header).
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ import torch
 from ..._backend import compiled_module
 
 __all__ = [
-    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "RS_VARIANTS", "PIPE_SCHEMES", "DEFAULT_VARIANT", "MAX_GROUPS", "available",
-    "applies", "compiled_variants", "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
+    "W4A8_CUDA_VARIANTS", "WS_VARIANTS", "RS_VARIANTS", "DEFAULT_VARIANT", "MAX_GROUPS", "available", "applies",
+    "compiled_variants", "variant_name", "parse_variant", "m_grouped_fp8_fp4_gemm_nt_offsets_cuda",
 ]  # fmt: skip
 
 # Keep in sync with kEntries in csrc/cuda/dg_w4a8_grouped.cu (a CPU test compares them).
@@ -41,18 +39,14 @@ __all__ = [
 # blocks' wgmmas in flight; setmaxnreg), also bit-equal. 4 "rs" = the weights as the wgmma's register operand
 # (csrc/cuda/dg_w4a8_rs.cuh: D^T = W x X^T; same conversion, k32 order and promotion products as scheme 0, operand
 # roles swapped: tested against float64, bit-equality with scheme 0 reported); 5 = rs with 256-token tiles; (6-10:
-# folded / cheap-conversion / fast-epilogue rs builds, removed in session 9); 11 = 5 with the chunk-pipelined block
-# (four 64-token chunks of n64 wgmmas, chunk c - 1 promoted while chunk c's wgmmas run: the tensor core is fed during
-# the promotions; bit-equal to 5); 12 = 11 + the promotion's fa words loaded before each wgmma wait; 13 = 11 with the
-# block's four slices converted first (interleaved) and chunk 0's wgmmas issued back to back; 14 = 13 + 12's early fa
-# words.
+# folded / cheap-conversion / fast-epilogue rs builds, removed in session 9; 11-14: the chunk-pipelined n64 rs builds,
+# removed in session 9).
 W4A8_CUDA_VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 4, 0), (2, 5, 0), (1, 4, 0), (2, 4, 1), (1, 4, 1), (2, 4, 2), (2, 3, 2), (2, 4, 3), (2, 4, 4), (2, 6, 4),
-    (2, 4, 5), (2, 3, 5), (2, 4, 11), (2, 4, 12), (2, 4, 13), (2, 4, 14),
+    (2, 4, 5), (2, 3, 5),
 )  # fmt: skip
 WS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in (2, 3))
-RS_SCHEMES = (4, 5, 11, 12, 13, 14)
-PIPE_SCHEMES = (11, 12, 13, 14)  # chunk-pipelined promotion (256-token tiles, absolute scales)
+RS_SCHEMES = (4, 5)
 RS_VARIANTS: tuple[tuple[int, int, int], ...] = tuple(v for v in W4A8_CUDA_VARIANTS if v[2] in RS_SCHEMES)
 SREF_SCHEMES = (1,)  # schemes that need the row-reference pre-pass's uint16 [g, n] workspace
 DEFAULT_VARIANT = (2, 4, 0)
@@ -62,13 +56,9 @@ MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory
 def variant_name(variant: tuple[int, int, int]) -> str:
     """(2, 4, 0) -> 'cuda_wg2s4'; (2, 4, 1) -> 'cuda_wg2s4r'; (2, 4, 2) -> 'cuda_ws2s4' (warp-specialised);
     (2, 4, 3) -> 'cuda_wsp2s4' (warp-specialised, pipelined consumers); (2, 4, 4) -> 'cuda_rs2s4' (register-operand
-    weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles); (2, 4, 11) ->
-    'cuda_rs2s4n256p' (chunk-pipelined promotion), (2, 4, 12) -> 'cuda_rs2s4n256pl' (+ early fa loads),
-    (2, 4, 13) -> 'cuda_rs2s4n256pi' (+ interleaved conversion), (2, 4, 14) -> 'cuda_rs2s4n256pil' (both)."""
+    weights); (2, 4, 5) -> 'cuda_rs2s4n256' (register-operand weights, 256-token tiles)."""
     if variant[2] in RS_SCHEMES:
-        tok = "n256" if variant[2] in (5, *PIPE_SCHEMES) else ""
-        pipe = {11: "p", 12: "pl", 13: "pi", 14: "pil"}.get(variant[2], "")
-        return f"cuda_rs{variant[0]}s{variant[1]}{tok}{pipe}"
+        return f"cuda_rs{variant[0]}s{variant[1]}{'n256' if variant[2] == 5 else ''}"
     if variant[2] >= 2:
         return f"cuda_ws{'p' if variant[2] == 3 else ''}{variant[0]}s{variant[1]}"
     return f"cuda_wg{variant[0]}s{variant[1]}{'r' if variant[2] else ''}"

@@ -74,8 +74,9 @@ FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] 
 # also notes the PDL merge looked slower than the Triton one at b = 32 (across two runs, not yet measured in one).
 # Session 8: merge "pdl_wide" (bit-equal to "pdl", 1.04-1.10x at b 1-4 in session 7); a _C older than its ABI falls
 # back to "pdl" (`_resolve_merge`).
-# Session 9: fp8_path "vec" (bit-equal to "stage") is measured by bench_fm_b2.py; flip "fp8_path" here once it wins.
-DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl_wide", "prefetch": False, "fp8_path": "stage"}
+# Session 9 (H200, bench_fm_b2.py, 7 rounds): fp8_path "vec" is bit-equal to "stage" (22 GPU tests) and 1.048x it at
+# b 2 x s_q 2 (the public call 14.75 vs 15.46 us; FlashMLA 15.2), 1.083x with 2 tiles per CTA: the default.
+DEFAULT_OPTIONS: dict[str, str | bool] = {"plan": "auto", "merge": "pdl_wide", "prefetch": False, "fp8_path": "vec"}
 
 
 @functools.cache
