@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chosen at @triton.jit time
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_dg_w4a8_ws as ws  # noqa: E402  (puts this checkout's src/ first on sys.path)
-import torch  # noqa: E402
-
-from kernelkit import write_results_json  # noqa: E402
 
 WS_ROW = "cuda_ws2s4"
 RS_ROWS = ("cuda_rs2s4", "cuda_rs2s4n256", "cuda_rs2s3n256")
@@ -51,31 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     cli = ws.parse_cli(__doc__, "bench_dg_w4a8_rs.json", ws.table, argv)
     if cli is None:
         return
-    args, dev = cli
-    shapes = {"smoke": (256, 256)} if args.smoke else ws.SHAPES
-    tpes, g = ((3, 8) if args.smoke else ws.TPES), (2 if args.smoke else ws.EXPERTS)
-    start, recs = time.monotonic(), []
-    for wname, (n, k) in shapes.items():
-        fp8 = (ws._fp8_bytes((g, n, k), dev), torch.rand(g, n // 128, k // 128, device=dev) + 0.5)
-        for tpe in tpes:
-            if time.monotonic() - start > BUDGET_S:
-                print(f"budget: skipping {wname} tpe={tpe}", flush=True)
-                recs.append({"weights": wname, "tpe": tpe, "impl": "*", "error": "skipped: time budget"})
-                continue
-            rep = 3 if args.smoke else (20 if tpe >= 1024 else 40)
-            try:
-                case = run_case(wname, n, k, tpe, g, dev, rep, fp8)
-            except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record and go on
-                case = [{"weights": wname, "tpe": tpe, "impl": "*", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}]
-            for r in case:
-                print(ws._line(r) + (f" x_ws2s4={r['x_ws2s4']:.3f}" if "x_ws2s4" in r else ""), flush=True)
-                recs.append(r)
-            write_results_json(args.out, recs, META)  # partial results
-        del fp8
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-    write_results_json(args.out, recs, {**META, "seconds": time.monotonic() - start})
-    print(f"wrote {args.out} ({len(recs)} records, {time.monotonic() - start:.0f} s)", flush=True)
+    line = lambda r: ws._line(r) + (f" x_ws2s4={r['x_ws2s4']:.3f}" if "x_ws2s4" in r else "")  # noqa: E731
+    ws.sweep(*cli, run_case, line, META, ws.TPES, BUDGET_S)
 
 
 if __name__ == "__main__":

@@ -163,33 +163,43 @@ def parse_cli(doc: str, out: str, table_fn, argv: list[str] | None,  # noqa: ANN
     return args, "cpu" if args.smoke else "cuda"
 
 
+def sweep(args, dev: str, run_case, line, meta: dict, tpes: tuple[int, ...], budget_s: float) -> list[dict]:  # noqa: ANN001
+    """The W4A8 benchmarks' case loop: every (weights, tokens per expert) case of SHAPES x tpes (tiny ones with
+    --smoke) through run_case(wname, n, k, tpe, g, dev, rep, fp8), each record printed with line(r) and the JSON
+    rewritten after every case; a case that raises (e.g. out of memory) or starts past budget_s is an error record."""
+    shapes = {"smoke": (256, 256)} if args.smoke else SHAPES
+    tpes, g = ((3, 8) if args.smoke else tpes), (2 if args.smoke else EXPERTS)
+    start, recs = time.monotonic(), []
+    for wname, (n, k) in shapes.items():
+        fp8 = (_fp8_bytes((g, n, k), dev), torch.rand(g, n // 128, k // 128, device=dev) + 0.5)
+        for tpe in tpes:
+            if time.monotonic() - start > budget_s:
+                print(f"budget: skipping {wname} tpe={tpe}", flush=True)
+                recs.append({"weights": wname, "tpe": tpe, "impl": "*", "error": "skipped: time budget"})
+                continue
+            rep = 3 if args.smoke else (20 if tpe >= 1024 else 40)
+            try:
+                case = run_case(wname, n, k, tpe, g, dev, rep, fp8)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record and go on
+                case = [{"weights": wname, "tpe": tpe, "impl": "*", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}]
+            for r in case:
+                print(line(r), flush=True)
+                recs.append(r)
+            write_results_json(args.out, recs, meta)  # partial results
+        del fp8
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    write_results_json(args.out, recs, {**meta, "seconds": time.monotonic() - start})
+    print(f"wrote {args.out} ({len(recs)} records, {time.monotonic() - start:.0f} s)", flush=True)
+    return recs
+
+
 def main(argv: list[str] | None = None) -> None:
     cli = parse_cli(__doc__, "bench_dg_w4a8_ws.json", table, argv)
     if cli is None:
         return
     args, dev = cli
-    shapes = {"smoke": (256, 256)} if args.smoke else SHAPES
-    tpes, g = ((3, 8) if args.smoke else TPES), (2 if args.smoke else EXPERTS)
-    start, recs = time.monotonic(), []
-    for wname, (n, k) in shapes.items():
-        fp8 = (_fp8_bytes((g, n, k), dev), torch.rand(g, n // 128, k // 128, device=dev) + 0.5)
-        for tpe in tpes:
-            if time.monotonic() - start > BUDGET_S:
-                print(f"budget: skipping {wname} tpe={tpe}", flush=True)
-                recs.append({"weights": wname, "tpe": tpe, "impl": "*", "error": "skipped: time budget"})
-                continue
-            rep = 3 if args.smoke else (20 if tpe >= 1024 else 40)
-            for r in run_case(wname, n, k, tpe, g, dev, rep, fp8):
-                print(_line(r), flush=True)
-                recs.append(r)
-            write_results_json(args.out, recs, {"package": "deep_gemm", "bench": "w4a8_ws"})  # partial results
-        del fp8
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-    write_results_json(
-        args.out, recs, {"package": "deep_gemm", "bench": "w4a8_ws", "seconds": time.monotonic() - start}
-    )
-    print(f"wrote {args.out} ({len(recs)} records, {time.monotonic() - start:.0f} s)", flush=True)
+    sweep(args, dev, run_case, _line, {"package": "deep_gemm", "bench": "w4a8_ws"}, TPES, BUDGET_S)
 
 
 if __name__ == "__main__":
