@@ -14,7 +14,6 @@ that file. Cases (helpers of bench_dg_w4a8_ws.py): 256 experts, 256 / 1,024 toke
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -44,26 +43,12 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
 
 
 def _line(r: dict) -> str:
-    if "error" in r:
-        return f"{r['weights']} tpe={r['tpe']} {r['impl']}: ERROR {r['error']}"
-    extra = f" bit_eq={r['bit_equal_vs_base']} diff={r['diff_vs_base']:.1e}" if "diff_vs_base" in r else ""
-    return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>17}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
-            f"x_fp8_api={r.get('x_fp8_api', 0):.3f} x_rs2s4n256={r.get('x_rs2s4n256', 0):.3f}{extra}")  # fmt: skip
+    return ws._line(r, "x_rs2s4n256")
 
 
 def table(path: str) -> str:
     """Markdown table of a saved run."""
-    recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| weights | tpe | impl | us | TFLOPS | x FP8 API | x rs2s4n256 | bit-equal rs2s4n256 |",
-            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in recs:
-        if "error" in r:
-            rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | | |")
-            continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_rs2s4n256"))
-        head = f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f}"
-        rows.append(f"{head} | {xs} | {r.get('bit_equal_vs_base', '')} |")
-    return "\n".join(rows)
+    return ws.table(path, ("x_fp8_api", "x_rs2s4n256"), "rs2s4n256")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -124,23 +124,27 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
     return recs
 
 
-def _line(r: dict) -> str:
+def _line(r: dict, base_key: str = "x_wg2s4") -> str:
+    """One printed record: time, TFLOPS, x the FP8 API, x the base row (base_key), bit-equality with the base."""
     if "error" in r:
         return f"{r['weights']} tpe={r['tpe']} {r['impl']}: ERROR {r['error']}"
     extra = f" bit_eq={r['bit_equal_vs_base']} diff={r['diff_vs_base']:.1e}" if "diff_vs_base" in r else ""
-    return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>16}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
-            f"x_fp8_api={r.get('x_fp8_api', 0):.3f} x_wg2s4={r.get('x_wg2s4', 0):.3f}{extra}")  # fmt: skip
+    return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>17}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
+            f"x_fp8_api={r.get('x_fp8_api', 0):.3f} {base_key}={r.get(base_key, 0):.3f}{extra}")  # fmt: skip
 
 
-def table(path: str) -> str:
+def table(path: str, keys: tuple[str, ...] = ("x_fp8_api", "x_wg2s4", "x_wg1s4"), base: str = "wg2s4") -> str:
+    """Markdown table of a saved run: one column per ratio key, then bit-equality with the base row."""
     recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| weights | tpe | impl | us | TFLOPS | x FP8 API | x wg2s4 | x wg1s4 | bit-equal wg2s4 |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    heads = " | ".join("x FP8 API" if key == "x_fp8_api" else key.replace("_", " ") for key in keys)
+    rows = [f"| weights | tpe | impl | us | TFLOPS | {heads} | bit-equal {base} |", "|---" * (len(keys) + 6) + "|"]
     for r in recs:
         if "error" in r:
-            rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | | | |")
+            rows.append(
+                f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} |" + " |" * (len(keys) + 2)
+            )
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_wg2s4", "x_wg1s4"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in keys)
         head = f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f}"
         rows.append(f"{head} | {xs} | {r.get('bit_equal_vs_base', '')} |")
     return "\n".join(rows)
