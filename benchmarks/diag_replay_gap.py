@@ -45,6 +45,30 @@ def _profiled(fn) -> object:  # noqa: ANN001
     return prof
 
 
+def distinct_experts(runner, slots: list[int], pos: int, tokens: list[int]) -> list[int]:  # noqa: ANN001
+    """Distinct routed experts per MoE layer of one EAGER decode step at `pos` with these token ids (the count of
+    expert weight sets a grouped expert GEMM reads), by wrapping MoE.route for the call."""
+    from deepinfer.engine.model import moe as moe_mod
+    from deepinfer.engine.sequence import SeqChunk
+
+    seen: list[int] = []
+    orig = moe_mod.MoE.route
+
+    def route(self, x, token_ids):  # noqa: ANN001, ANN202
+        w, ids = orig(self, x, token_ids)
+        seen.append(int(ids.unique().numel()))
+        return w, ids
+
+    moe_mod.MoE.route = route
+    try:
+        chunks = [SeqChunk(s, [t], pos, "last") for s, t in zip(slots, tokens)]
+        with torch.inference_mode():
+            runner.model.forward(runner.step_batch(chunks, static_width=True), runner.cache)
+    finally:
+        moe_mod.MoE.route = orig
+    return seen
+
+
 def run(args: argparse.Namespace) -> dict:
     """Loop steps vs lone replays of batch args.batch; returns the per-kernel comparison."""
     dev = torch.device("cuda")
@@ -58,6 +82,13 @@ def run(args: argparse.Namespace) -> dict:
     stale = _kernel_ms(_profiled(lambda: [graph.replay() for _ in range(args.steps)]), args.steps)
     graph = fill_tokens(runner, b)  # the same replay with real (random) token ids instead of prefetch's zeros
     alone = _kernel_ms(_profiled(lambda: [graph.replay() for _ in range(args.steps)]), args.steps)
+    gen = torch.Generator().manual_seed(1)
+    real = torch.randint(0, runner.vocab_size, (b,), generator=gen).tolist()
+    pos = n + 4 + args.steps
+    experts = {
+        "random_tokens": distinct_experts(runner, slots, pos, real),
+        "token_0_everywhere": distinct_experts(runner, slots, pos, [0] * b),
+    }
     rows = [{"kernel": k, "loop_ms": loop.get(k, 0.0), "alone_ms": alone.get(k, 0.0)} for k in set(loop) | set(alone)]
     for r in rows:
         r["diff_ms"] = r["loop_ms"] - r["alone_ms"]
@@ -69,6 +100,7 @@ def run(args: argparse.Namespace) -> dict:
         "loop_kernel_ms_per_step": sum(loop.values()),
         "alone_kernel_ms_per_step": sum(alone.values()),
         "alone_stale_tokens_kernel_ms_per_step": sum(stale.values()),
+        "distinct_experts_per_moe_layer": experts,
         "kernels": rows,
     }
 
@@ -89,6 +121,7 @@ def main() -> int:
         f"kernel ms per step: loop {res['loop_kernel_ms_per_step']:.3f}, alone {res['alone_kernel_ms_per_step']:.3f}, "
         f"alone with stale tokens {res['alone_stale_tokens_kernel_ms_per_step']:.3f}"
     )
+    print(f"distinct experts per MoE layer: {res['distinct_experts_per_moe_layer']}")
     for r in res["kernels"][:25]:
         print(f"  {r['diff_ms']:+.4f}  loop {r['loop_ms']:.4f}  alone {r['alone_ms']:.4f}  {r['kernel']}", flush=True)
     if args.out:
