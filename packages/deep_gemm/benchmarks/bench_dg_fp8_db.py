@@ -2,11 +2,12 @@
 
 Dense: m 4096 / 16384 x (n, k) in the issue's set with n % 128 == 0; rows: the API's `fp8_gemm_nt` (CUTLASS on the
 H200: today's default), `fp8_db_s5` / `fp8_db_s4` / `fp8_db_s5_stagger` (backends/cuda/cuda_fp8_db.py: ring depth
-5 / 4; consumer warpgroup 1 started ~1 us late) and `torch._scaled_mm` with row-wise scales (cuBLAS; another
-scaling, the throughput reference). Grouped: 256 experts x 256 / 1,024 tokens per expert, (n, k) = (4096, 4096)
-gate+up and (4096, 2048) down; rows: the API's `m_grouped_fp8_gemm_nt_contiguous` (CUTLASS grouped) and fp8_db on
-the same operands (offs form). Every fp8_db row records calc_diff vs the API's output of the same case; x_api /
-x_cublas come from the same run.
+5 / 4; consumer warpgroup 1 started ~1 us late), `fp8_db_t5` / `fp8_db_t4` (the TMA producer, tma=True; session 9,
+first GPU run) and `torch._scaled_mm` with row-wise scales (cuBLAS; another scaling, the throughput reference).
+Grouped: 256 experts x 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up and (4096, 2048) down; rows:
+the API's `m_grouped_fp8_gemm_nt_contiguous` (CUTLASS grouped) and fp8_db on the same operands (offs form). Every
+fp8_db row records calc_diff vs the API's output of the same case, x_s5 (vs fp8_db_s5) and bits_eq_s5 (the TMA rows
+must be True); x_api / x_cublas come from the same run.
 
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --out RESULT.json   # H200, < 90 s
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --smoke             # CPU, tiny (validation + API)
@@ -40,7 +41,7 @@ DENSE_NK = ((4096, 8192), (2048, 4096), (4096, 2048), (32768, 1024), (8192, 1024
 GROUPED = {"gate_up": (4096, 4096), "down": (4096, 2048)}
 TPES = (256, 1024)
 EXPERTS = 256
-API, CUBLAS = "api", "torch_scaled_mm_rowwise"
+API, CUBLAS, S5 = "api", "torch_scaled_mm_rowwise", "fp8_db_s5"
 BUDGET_S = 80.0
 
 
@@ -51,20 +52,23 @@ def _fp8(shape: tuple[int, ...], dev: str) -> torch.Tensor:
 
 
 def _db_impls(a, sfa, b, sfb, offs, out_shape, dev) -> dict:  # noqa: ANN001
-    """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form)."""
+    """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form): cp.async first, then TMA."""
     impls = {}
-    for stages, stagger in sorted(db.compiled_variants(), key=lambda v: (-v[0], v[1])):
+    for stages, stagger, tma in sorted(db.compiled_variants(), key=lambda v: (v[2], -v[0], v[1])):
         out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
 
-        def run(s: int = stages, t: int = stagger, out: torch.Tensor = out) -> object:
-            return db.m_grouped_fp8_gemm_nt_offsets_db(a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t))
+        def run(s: int = stages, t: int = stagger, m: int = tma, out: torch.Tensor = out) -> object:
+            return db.m_grouped_fp8_gemm_nt_offsets_db(
+                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m)
+            )
 
-        impls[db.variant_name(stages, bool(stagger))] = (run, out)
+        impls[db.variant_name(stages, bool(stagger), bool(tma))] = (run, out)
     return impls
 
 
 def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
-    """Time every impl; records with TFLOPS, x_api, x_cublas and (fp8_db rows) calc_diff vs the API's output."""
+    """Time every impl; records with TFLOPS, x_api, x_cublas and (fp8_db rows) calc_diff vs the API's output, x_s5
+    (speed-up over fp8_db_s5, the cp.async producer) and bits_eq_s5 (output bit-equal to fp8_db_s5's)."""
     recs, times = [], {}
     for name, (fn, _) in impls.items():
         rec = {**case, "impl": name}
@@ -82,13 +86,15 @@ def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
         name = rec["impl"]
         if name not in times:
             continue
-        for key, ref in (("x_api", API), ("x_cublas", CUBLAS)):
+        for key, ref in (("x_api", API), ("x_cublas", CUBLAS), ("x_s5", S5)):
             if ref in times:
                 rec[key] = times[ref] / times[name]
         if name.startswith("fp8_db") and base is not None:
             out = impls[name][1]
             rows = slice(None, None, 7) if out.numel() > (1 << 26) else slice(None)  # bound the float64 copies
             rec["diff_vs_api"] = float(calc_diff(out[rows].double(), base[rows].double()))
+        if name.startswith("fp8_db") and name != S5 and S5 in times:
+            rec["bits_eq_s5"] = bool(torch.equal(impls[name][1].view(torch.int16), impls[S5][1].view(torch.int16)))
     return recs
 
 
@@ -124,21 +130,22 @@ def _line(r: dict) -> str:
     shape = f"m={r.get('m')} n={r.get('n')} k={r.get('k')}" + (f" tpe={r['tpe']}" if "tpe" in r else "")
     if "error" in r:
         return f"{r.get('op')} {shape} {r['impl']}: ERROR {r['error']}"
-    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_cublas") if key in r)
+    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_cublas", "x_s5") if key in r)
     diff = f" diff_vs_api={r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
+    diff += f" bits_eq_s5={r['bits_eq_s5']}" if "bits_eq_s5" in r else ""
     return f"{r['op']} {shape} {r['impl']}: {r['median_us']:.1f} us {r['tflops']:.0f} TFLOPS {xs}{diff}"
 
 
 def table(path: str) -> str:
     recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | calc_diff vs API |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | x s5 "
+            "| calc_diff vs API |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in recs:
         head = f"| {r.get('op', '')} | {r.get('m', '')} | {r.get('n', '')} | {r.get('k', '')} | {r.get('tpe', '')}"
         if "error" in r:
-            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | |")
+            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | | |")
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas", "x_s5"))
         diff = f"{r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
         rows.append(f"{head} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f} | {r['pct_fp8_ceiling']:.0f} | "
                     f"{xs} | {diff} |")  # fmt: skip

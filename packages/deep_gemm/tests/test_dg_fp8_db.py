@@ -5,6 +5,8 @@ CPU: argument validation (each bad argument raises naming it), the unbuilt-kerne
 bound: rounding order + one bf16 rounding; a wrong scale or tile gives ~1e-2 .. 1) on fresh random data and scales:
 m not a multiple of 128, empty groups, k = 128 (one block: only the drain), k = 7168, few CTAs (several tiles each);
 rows past offs[-1] untouched; dense == one group (bit-equal); stages 4 == 5 (bit-equal); vs the API's output.
+The TMA-producer variants (tma=1, `fp8_db_t5` / `fp8_db_t4`) run every oracle case and must be BIT-equal to
+`fp8_db_s5` (same shared-memory bytes, same math), also at m % 128 != 0 (TMA zero-fills rows past m), m = 1, k = 128.
 The kernel's mbarrier waits trap after 2^30 polls (watchdog): a protocol bug fails a test instead of hanging. Run this
 file in its own pytest process on the GPU.
 """
@@ -87,14 +89,12 @@ def test_dense_validation() -> None:
 
 
 def test_variants_in_sync_with_the_source() -> None:
-    """VARIANTS (Python) lists the (stages, stagger) pairs fp8_db_variants() returns in dg_fp8_db.cu."""
+    """VARIANTS (Python) lists the (stages, stagger, tma) triples fp8_db_variants() returns in dg_fp8_db.cu."""
     src = (_CSRC / "dg_fp8_db.cu").read_text()
-    body = re.search(r"fp8_db_variants\(\) \{ return \{(.*?)\}; \}", src)
+    body = re.search(r"fp8_db_variants\(\) \{\s*return \{(.*?)\};\s*\}", src, re.S)
     assert body is not None
-    pairs = tuple((int(s), int(t)) for s, t in re.findall(r"\{(\d+), (\d+)\}", body.group(1) + "}"))
-    assert pairs == db.VARIANTS
-    if db.available():
-        assert db.compiled_variants() == db.VARIANTS
+    triples = tuple(tuple(int(x) for x in t) for t in re.findall(r"\{(\d+), (\d+), (\d+)\}", body.group(1) + "}"))
+    assert triples == db.VARIANTS
 
 
 def test_valid_operands_reach_the_launch() -> None:
@@ -114,7 +114,7 @@ def test_fp8_db_sm90_compile() -> None:
            str(_CSRC / "dg_fp8_db.cu"), "-o", os.devnull]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    kernels = re.findall(r"Compiling entry function '(\w*fp8_db_kernel\w*)'", res.stderr)
+    kernels = re.findall(r"Compiling entry function '(\w*fp8_db_(?:tma_)?kernel\w*)'", res.stderr)
     assert len(kernels) == len(db.VARIANTS), res.stderr[-2000:]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
@@ -142,10 +142,12 @@ def _oracle(a, sfa, b, sfb, counts: list[int]) -> torch.Tensor:
     return want
 
 
-def _run(ops: tuple, stages: int = db.DEFAULT_STAGES, stagger: bool = False, ctas: int = 0) -> torch.Tensor:
+def _run(
+    ops: tuple, stages: int = db.DEFAULT_STAGES, stagger: bool = False, ctas: int = 0, tma: bool = False
+) -> torch.Tensor:
     a, sfa, b, sfb, offs = ops
     out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)
-    db.m_grouped_fp8_gemm_nt_offsets_db(a, sfa, b, sfb, offs, out, stages=stages, stagger=stagger, ctas=ctas)
+    db.m_grouped_fp8_gemm_nt_offsets_db(a, sfa, b, sfb, offs, out, stages=stages, stagger=stagger, ctas=ctas, tma=tma)
     torch.cuda.synchronize()
     return out
 
@@ -162,7 +164,7 @@ def _assert_close(out: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @pytest.mark.gpu
 @needs_kernel
-@pytest.mark.parametrize(("stages", "stagger"), db.VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("stages", "stagger", "tma"), db.VARIANTS, ids=lambda v: str(v))
 @pytest.mark.parametrize(
     ("counts", "n", "k", "ctas"),
     [
@@ -174,10 +176,12 @@ def _assert_close(out: torch.Tensor, want: torch.Tensor, what: str) -> None:
         ([5, 9, 140], 128, 384, 1),  # one CTA walks every tile (odd block count: the loop's odd tail)
     ],
 )
-def test_gpu_grouped_vs_oracle(stages: int, stagger: int, counts: list[int], n: int, k: int, ctas: int) -> None:
+def test_gpu_grouped_vs_oracle(
+    stages: int, stagger: int, tma: int, counts: list[int], n: int, k: int, ctas: int
+) -> None:
     ops = _ops(counts, n, k, sum(counts) + n + k + stages, "cuda")
-    out = _run(ops, stages, bool(stagger), ctas)
-    what = f"stages={stages} stagger={stagger} counts={counts} n={n} k={k} ctas={ctas}"
+    out = _run(ops, stages, bool(stagger), ctas, bool(tma))
+    what = f"stages={stages} stagger={stagger} tma={tma} counts={counts} n={n} k={k} ctas={ctas}"
     _assert_close(out, _oracle(*ops[:4], counts), what)
     assert out[sum(counts) :].isnan().all(), f"{what}: rows past offs[-1] were written"
 
@@ -191,6 +195,68 @@ def test_gpu_variants_bit_equal(ctas: int) -> None:
     base = _run(ops, 5, ctas=ctas).view(torch.int16)
     assert torch.equal(_run(ops, 4, ctas=ctas).view(torch.int16), base), "stages 4 != stages 5"
     assert torch.equal(_run(ops, 5, True, ctas).view(torch.int16), base), "stagger != stages 5"
+    for stages in (5, 4):
+        got = _run(ops, stages, ctas=ctas, tma=True).view(torch.int16)
+        assert torch.equal(got, base), f"tma stages {stages} != stages 5: {int((got != base).sum())} values differ"
+
+
+def _assert_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Bit equality of two bf16 outputs; on failure the count and the first differing (row, col) and values."""
+    diff = got.view(torch.int16) != want.view(torch.int16)
+    if diff.any():
+        r, c = diff.nonzero()[0].tolist()
+        raise AssertionError(
+            f"{what}: {int(diff.sum())} values differ; first at ({r}, {c}): {float(got[r, c])} vs {float(want[r, c])}"
+        )
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("stages", [5, 4])
+@pytest.mark.parametrize(
+    ("counts", "n", "k", "extra", "ctas"),
+    [
+        ([1], 128, 128, 0, 0),  # m = 1: one row, the A box is 127 rows of TMA zero fill; k = 128: one block
+        ([1], 256, 1024, 0, 0),  # m = 1, several blocks
+        ([300], 384, 1536, 0, 2),  # m % 128 != 0: the last tile's rows past m zero-filled by TMA
+        ([70, 0, 129], 256, 128, 0, 0),  # k = 128, ragged groups: rows past a group end load the NEXT group's bytes
+        ([5, 9, 140], 128, 384, 3, 1),  # rows past offs[-1] (< m): loaded, never stored
+    ],
+)
+def test_gpu_tma_bit_equal(stages: int, counts: list[int], n: int, k: int, extra: int, ctas: int) -> None:
+    """The TMA producer writes the cp.async path's shared-memory bytes (rows of other groups aside, never stored)."""
+    ops = _ops(counts, n, k, 101 + sum(counts) + k + stages, "cuda", extra=extra)
+    what = f"tma stages={stages} counts={counts} n={n} k={k} extra={extra} ctas={ctas}"
+    got = _run(ops, stages, ctas=ctas, tma=True)
+    _assert_bits(got, _run(ops, 5, ctas=ctas), what)
+    _assert_close(got, _oracle(*ops[:4], counts), what)
+    assert got[sum(counts) :].isnan().all(), f"{what}: rows past offs[-1] were written"
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_built_variants() -> None:
+    """The `_C` under test was built from this source (a stale build lacks the TMA variants)."""
+    assert db.compiled_variants() == db.VARIANTS, f"rebuild _C: built {db.compiled_variants()}, source {db.VARIANTS}"
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_tma_dense_and_graph() -> None:
+    """Dense entry point with tma=True (one group) and a CUDA-graph replay (the maps are kernel parameters)."""
+    m, n, k = 333, 256, 512
+    a, sfa, b, sfb, _ = _ops([m], n, k, 77, "cuda", extra=0)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, tma=True)
+    torch.cuda.synchronize()
+    _assert_bits(out, _run((a, sfa, b, sfb, torch.tensor([m], dtype=torch.int32, device="cuda"))), "dense tma")
+    graph = torch.cuda.CUDAGraph()
+    replay = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], replay, tma=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_bits(replay, out, "graph replay tma")
 
 
 @pytest.mark.gpu

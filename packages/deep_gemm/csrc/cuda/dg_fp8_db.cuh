@@ -26,7 +26,21 @@
 //
 // Epilogue: acc -> bf16 pairs into a per-warpgroup shared staging tile (row stride 272 bytes: conflict-free), then
 // 16-byte coalesced stores; rows past the group end are never stored (n % 128 == 0: no column tail).
+//
+// TMA variant (fp8_db_tma_kernel, "fp8_db_t5" / "fp8_db_t4"; session 9, opt-in): the cp.async producer was the limit
+// (Nsight Compute: its 16 address computations per thread per block held the issue slots while the consumers waited
+// on the full barrier). Here producer thread 0 issues per stage `mbarrier.arrive.expect_tx` (32 KiB) and two
+// `cp.async.bulk.tensor.2d` copies (A box [128 rows, 128 k] of the [m, k] map, B box of the [g * n, k] map; 128-byte
+// swizzle: the bytes the cp.async path writes, so gmma_desc and the consumers are unchanged) plus the B scale, and
+// each of the 128 producer threads copies one A scale with cp.async4 (a tile's scales are strided in sfa: below
+// TMA's 16-byte box minimum), arriving with .noinc as before: full[s] expects 128 + 1 arrivals and 32 KiB. (One
+// producer warp doing 4 scales per lane spilled 12-16 bytes at setmaxnreg 24, and 24 is the most the 240-register
+// consumers leave: 128 * 24 + 256 * 240 = 384 * 168.) A rows past m are zero-filled by TMA; rows past the group
+// end but < m load the next group's bytes (the cp.async path loads zeros): their scales are still zero-filled and
+// those rows are never stored (each output row depends on its A row only), so the stored output is bit-equal.
+// Consumers, promotion, epilogue and tile order: shared code.
 #pragma once
+#include <cuda.h>  // CUtensorMap (the type only: no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -384,6 +398,112 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_db_kernel(const DbParams p) {
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     db_consumer<kStages, kStagger>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ TMA variant
+
+// Arrive once on `bar` and add `bytes` to the transaction count of its current phase (the TMA copies complete them).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+// The [128 rows, 128 k] box at (k0, row0) of `map` -> dst (1 KiB aligned, 128-byte swizzle); completes on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint8_t* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// The two tensor maps in ONE kernel parameter (__grid_constant__: read in place, never copied): the producer keeps one
+// generic pointer for both (it runs in 24 registers after setmaxnreg).
+struct DbMaps {
+  CUtensorMap a;  // A [m, k]
+  CUtensorMap b;  // B [g * n, k]
+};
+
+constexpr int kTmaArrivals = 128 + 1;  // full[s]: 128 producer threads' cp.async .noinc arrives + thread 0's expect_tx
+constexpr uint32_t kTmaBytes = (kBM + kBN) * kBK;  // A + B boxes of one stage (e4m3: one byte each)
+
+// Stage `st` <- k block kb of `tile` (producer thread ptid of 128): thread 0 the TMA copies (after expect_tx) and
+// the B scale, thread ptid the A scale of row ptid (zero past the group end, as db_load). Then every thread arrives
+// (.noinc).
+__device__ __forceinline__ void db_load_tma(const DbParams& p, uint8_t* st, uint64_t* full, const DbTile& tile, int kb,
+                                            int ptid, int ks, const DbMaps* maps) {
+  if (ptid == 0) {
+    mbar_arrive_expect_tx(full, kTmaBytes);
+    tma_load_2d(st + DbLayout<4>::kA, &maps->a, kb * kBK, tile.row0, full);
+    tma_load_2d(st + DbLayout<4>::kB, &maps->b, kb * kBK, tile.grp * p.n + tile.n0, full);
+    const size_t sb_row = (size_t)tile.grp * (p.n / kBN) + tile.n0 / kBN;
+    cp_async4(smem_u32(st + DbLayout<4>::kSB), p.sfb + sb_row * ks + kb, true);
+  }
+  {
+    const int row = tile.row0 + ptid;
+    const bool ok = row < tile.rend;
+    cp_async4(smem_u32(st + DbLayout<4>::kSA + 4 * ptid), p.sfa + (size_t)(ok ? row : 0) * ks + kb, ok);
+  }
+  mbar_arrive_cp_async(full);
+}
+
+template <int kStages>
+__device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
+                                int n_tiles, const DbMaps* maps) {
+  using L = DbLayout<kStages>;
+  const int ptid = threadIdx.x;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* empty = full + kStages;
+  if (ptid == 0) {
+    tma_prefetch(&maps->a);
+    tma_prefetch(&maps->b);
+  }
+  const int steps = my_tiles * kblocks;
+  DbCursor c;
+  c.tile = db_decode(blockIdx.x, prefix, p, n_tiles);
+  c.t = c.kb = 0;
+  for (int lp = 0; lp < steps; ++lp) {
+    const int s = lp % kStages;
+    if (lp >= kStages) mbar_wait(&empty[s], (uint32_t)((lp / kStages - 1) & 1));
+    db_load_tma(p, smem + s * L::kStage, &full[s], c.tile, c.kb, ptid, kblocks, maps);
+    db_next(c, p, prefix, my_tiles, kblocks, n_tiles);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
+}
+
+// fp8_db_kernel with the TMA producer (top comment): maps.a = A [m, k], maps.b = B [g * n, k], uint8 maps with box
+// [128, 128] and 128-byte swizzle (built by the launcher, dg_fp8_db.cu). Consumers as fp8_db_kernel<kStages, 0>.
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_db_tma_kernel(const DbParams p, const __grid_constant__ DbMaps maps) {
+  using L = DbLayout<kStages>;
+  static_assert(kStages >= 3, "the ring needs >= 3 stages (two blocks in flight per consumer + one loading)");
+  static_assert(L::kA % 1024 == 0 && L::kB % 1024 == 0 && L::kStage % 1024 == 0, "TMA 128-byte swizzle: 1 KiB");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // the swizzle atom (as fp8_db_kernel)
+  const int tid = threadIdx.x;
+  int* prefix = reinterpret_cast<int*>(smem + L::kPrefix);
+  const int n_tiles = p.n / kBN, kblocks = p.k / kBK;
+  if (tid == 0) {
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], kTmaArrivals);
+      mbar_init(&full[kStages + s], 8);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  build_prefix<kBM, kThreads>(prefix, reinterpret_cast<int*>(smem + L::kScan), p.offs, p.g, p.m, n_tiles);
+  const int total = prefix[p.g];
+  const int my_tiles = total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  if (my_tiles == 0) return;
+  if (tid < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    db_producer_tma<kStages>(p, smem, prefix, my_tiles, kblocks, n_tiles, &maps);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    db_consumer<kStages, 0>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

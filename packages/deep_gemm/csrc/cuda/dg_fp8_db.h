@@ -3,20 +3,21 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <utility>
+#include <tuple>
 #include <vector>
 
 namespace dg_fp8db {
 
-// (stages, stagger) pairs compiled: ring depth, and 1 = consumer warpgroup 1 starts ~1 us late (dg_fp8_db.cuh).
-std::vector<std::pair<int, int>> fp8_db_variants();
+// (stages, stagger, tma) triples compiled: ring depth; 1 = consumer warpgroup 1 starts ~1 us late; 1 = the TMA
+// producer (fp8_db_tma_kernel) instead of cp.async (dg_fp8_db.cuh).
+std::vector<std::tuple<int, int, int>> fp8_db_variants();
 
 // Dynamic shared memory of the kernel with `stages` ring stages and g groups (-1: not compiled).
 int fp8_db_smem_bytes(int stages, int g);
 
 // out = the grouped GEMM (dg_fp8_db.cuh) on raw device pointers; ctas <= 0: one CTA per SM. Returns 0 on success,
-// -1 when (stages, stagger) is not compiled, -2 for bad sizes, else a cudaError_t code; *msg says more.
-int fp8_db_launch(int stages, int stagger, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t b,
+// -1 when (stages, stagger, tma) is not compiled, -2 for bad sizes, else a cudaError_t code; *msg says more.
+int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t b,
                   std::uintptr_t sfb, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g, int ctas,
                   std::uintptr_t stream, std::string* msg);
 

@@ -15,18 +15,19 @@ namespace py = pybind11;
 
 namespace {
 
-void fp8_db_grouped(int stages, int stagger, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t b,
+void fp8_db_grouped(int stages, int stagger, int tma, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t b,
                     std::uintptr_t sfb, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g, int ctas,
                     std::uintptr_t stream) {
   int err = 0;
   std::string msg;
   {
     py::gil_scoped_release release;
-    err = dg_fp8db::fp8_db_launch(stages, stagger, a, sfa, b, sfb, offs, out, m, n, k, g, ctas, stream, &msg);
+    err = dg_fp8db::fp8_db_launch(stages, stagger, tma, a, sfa, b, sfb, offs, out, m, n, k, g, ctas, stream, &msg);
   }
   if (err == -1) {
-    throw std::invalid_argument("(stages, stagger): expected one of fp8_db_variants(), got (" +
-                                std::to_string(stages) + ", " + std::to_string(stagger) + ") (not compiled)");
+    throw std::invalid_argument("(stages, stagger, tma): expected one of fp8_db_variants(), got (" +
+                                std::to_string(stages) + ", " + std::to_string(stagger) + ", " + std::to_string(tma) +
+                                ") (not compiled)");
   }
   if (err == -2) throw std::invalid_argument(msg);
   if (err != 0) throw std::runtime_error("fp8_db_grouped: " + msg);
@@ -36,12 +37,12 @@ void fp8_db_grouped(int stages, int stagger, std::uintptr_t a, std::uintptr_t sf
 
 void dg_register_fp8_db(pybind11::module_& m) {
   m.def("fp8_db_variants", &dg_fp8db::fp8_db_variants,
-        "(stages, stagger) pairs the FP8 double-buffered-promotion GEMM was built with.");
+        "(stages, stagger, tma) triples the FP8 double-buffered-promotion GEMM was built with.");
   m.def("fp8_db_smem_bytes", &dg_fp8db::fp8_db_smem_bytes, py::arg("stages"), py::arg("g"),
         "Dynamic shared memory of the fp8_db kernel with `stages` ring stages and g groups (-1: not compiled).");
-  m.def("fp8_db_grouped", &fp8_db_grouped, py::arg("stages"), py::arg("stagger"), py::arg("a"), py::arg("sfa"),
-        py::arg("b"), py::arg("sfb"), py::arg("offs"), py::arg("out"), py::arg("m"), py::arg("n"), py::arg("k"),
-        py::arg("g"), py::arg("ctas"), py::arg("stream"),
-        "FP8 block-scaled M-grouped GEMM (contiguous offs layout), double-buffered promotion "
-        "(csrc/cuda/dg_fp8_db.cuh).");
+  m.def("fp8_db_grouped", &fp8_db_grouped, py::arg("stages"), py::arg("stagger"), py::arg("tma"), py::arg("a"),
+        py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("offs"), py::arg("out"), py::arg("m"), py::arg("n"),
+        py::arg("k"), py::arg("g"), py::arg("ctas"), py::arg("stream"),
+        "FP8 block-scaled M-grouped GEMM (contiguous offs layout), double-buffered promotion; tma=1: the TMA "
+        "producer (csrc/cuda/dg_fp8_db.cuh).");
 }

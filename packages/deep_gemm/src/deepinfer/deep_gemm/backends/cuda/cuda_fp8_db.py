@@ -6,6 +6,11 @@ Same math as `reference.fp8_gemm_nt`: out[r, c] = sum over 128-deep k blocks kb 
 accumulator sets, so block b's wgmmas run while block b - 1 is promoted (the CUTLASS collective waits for every
 block's wgmmas before promoting). Not wired into `api.py`: the benchmark measures it beside the API first.
 
+`tma=True` (session 9, built but never GPU-run yet): the same kernel with a TMA producer (`fp8_db_tma_kernel`: one
+thread issues two `cp.async.bulk.tensor` copies per stage instead of 128 threads' 16-byte cp.async address math;
+the scales still by cp.async). Same shared-memory bytes, same math: bit-equal to `tma=False` (names `fp8_db_t5`,
+`fp8_db_t4`). Stagger is not built with TMA.
+
 First version's limits: fp32 scales only, n % 128 == 0, k % 128 == 0, out bf16 16-byte aligned, a and b 16-byte
 aligned, <= MAX_GROUPS groups.
 """
@@ -23,9 +28,10 @@ __all__ = ["DEFAULT_STAGES", "MAX_GROUPS", "VARIANTS", "available", "compiled_va
 
 FP8 = torch.float8_e4m3fn
 DEFAULT_STAGES = 5  # ring depth (4 also built; the benchmark measures both)
-# (stages, stagger) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1 starts
-# consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide (bit-equal to stagger 0).
-VARIANTS: tuple[tuple[int, int], ...] = ((4, 0), (5, 0), (5, 1))
+# (stages, stagger, tma) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1
+# starts consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide; tma 1 feeds the ring
+# with TMA copies instead of cp.async (both bit-equal to (stages, 0, 0)).
+VARIANTS: tuple[tuple[int, int, int], ...] = ((4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1))
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory (kMaxGroups)
 
 
@@ -41,14 +47,19 @@ def available() -> bool:
 
 
 @functools.cache
-def compiled_variants() -> tuple[tuple[int, int], ...]:
-    """(stages, stagger) pairs `_C` was built with (empty without `_C`)."""
+def compiled_variants() -> tuple[tuple[int, int, int], ...]:
+    """(stages, stagger, tma) triples `_C` was built with (empty without `_C`; a `_C` built before the TMA variant
+    returns pairs: read as tma 0)."""
     mod = _module()
-    return () if mod is None else tuple((int(s), int(t)) for s, t in mod.fp8_db_variants())
+    if mod is None:
+        return ()
+    return tuple((int(v[0]), int(v[1]), int(v[2]) if len(v) > 2 else 0) for v in mod.fp8_db_variants())
 
 
-def variant_name(stages: int, stagger: bool) -> str:
-    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'."""
+def variant_name(stages: int, stagger: bool, tma: bool = False) -> str:
+    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, True) -> 'fp8_db_t5' (TMA producer)."""
+    if tma:
+        return f"fp8_db_t{stages}" + ("_stagger" if stagger else "")
     return f"fp8_db_s{stages}" + ("_stagger" if stagger else "")
 
 
@@ -103,21 +114,22 @@ def _validate(
 
 
 def _launch(
-    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int
+    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: bool
 ) -> torch.Tensor:
     mod = _module()
     if mod is None:
         raise RuntimeError("the fp8_db CUDA kernel is not built (build deep_gemm with DEEPINFER_DEVICE=cuda)")
     if not a.is_cuda:
         raise ValueError(f"a: expected a CUDA tensor, got device {a.device}")
-    if (stages, int(stagger)) not in compiled_variants():
-        raise ValueError(f"(stages, stagger): expected one of {compiled_variants()}, got {(stages, int(stagger))}")
+    key = (stages, int(stagger), int(tma))
+    if key not in compiled_variants():
+        raise ValueError(f"(stages, stagger, tma): expected one of {compiled_variants()}, got {key}")
     if m == 0:
         return out
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream(a.device).cuda_stream
         mod.fp8_db_grouped(
-            stages, int(stagger), a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), offs.data_ptr(),
+            stages, int(stagger), int(tma), a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), offs.data_ptr(),
             out.data_ptr(), m, n, k, g, ctas, stream,
         )  # fmt: skip
     return out
@@ -133,16 +145,18 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     stages: int = DEFAULT_STAGES,
     stagger: bool = False,
     ctas: int = 0,
+    tma: bool = False,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM, contiguous layout: rows [offs[i-1], offs[i]) of out = group i's rows of a @ b[i]^T.
 
     a: e4m3 [m, k]; sfa: fp32 [m, k / 128] (1 x 128 blocks); b: e4m3 [g, n, k] (K-major); sfb: fp32
     [g, n / 128, k / 128] (128 x 128 blocks); offs: int32 [g] cumulative row ends (read on the device only; rows past
     offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth and the
-    staggered consumer start (`compiled_variants()`); ctas: persistent CTAs (0: one per SM). Returns out.
+    staggered consumer start; tma: the TMA producer (`compiled_variants()` lists the built triples); ctas:
+    persistent CTAs (0: one per SM). Returns out.
     """
     m, n, k, g = _validate(a, sfa, b, sfb, offs, out)
-    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas)
+    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, tma)
 
 
 def fp8_gemm_nt_db(
@@ -154,6 +168,7 @@ def fp8_gemm_nt_db(
     stages: int = DEFAULT_STAGES,
     stagger: bool = False,
     ctas: int = 0,
+    tma: bool = False,
 ) -> torch.Tensor:
     """Dense FP8 GEMM out = dequant(a, sfa) @ dequant(b, sfb)^T as one group.
 
@@ -168,4 +183,4 @@ def fp8_gemm_nt_db(
     sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
     offs = torch.full((1,), a.shape[0], dtype=torch.int32, device=a.device)  # a fill kernel: graph-capturable
     m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out)
-    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas)
+    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, tma)
