@@ -6,37 +6,22 @@
 #include <cstdio>
 
 #include "dg_fp8_db.cuh"
+#include "dg_launch.h"
 
 namespace dg_fp8db {
 namespace {
 
-constexpr int kMaxDevices = 64;
 constexpr int kStaggerNs = 1000;  // ~2 k blocks of one CTA at full rate (stagger = 1)
 
-// Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and stage count (a launch under
-// CUDA-graph capture then only launches); returns the SM count.
+// Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and kernel (a launch under CUDA-graph
+// capture then only launches); returns the SM count.
 template <int NS, int STAGGER, bool TMA = false>
 cudaError_t opt_in(int* sms) {
-  static bool configured[kMaxDevices] = {};
-  static int n_sms[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    if constexpr (TMA) {
-      err = cudaFuncSetAttribute(fp8_db_tma_kernel<NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 DbLayout<NS>::bytes(kMaxGroups));
-    } else {
-      err = cudaFuncSetAttribute(fp8_db_kernel<NS, STAGGER>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 DbLayout<NS>::bytes(kMaxGroups));
-    }
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
+  if constexpr (TMA) {
+    return dg_launch::opt_in_smem_once<fp8_db_tma_kernel<NS>>(DbLayout<NS>::bytes(kMaxGroups), sms);
+  } else {
+    return dg_launch::opt_in_smem_once<fp8_db_kernel<NS, STAGGER>>(DbLayout<NS>::bytes(kMaxGroups), sms);
   }
-  *sms = n_sms[dev];
-  return cudaSuccess;
 }
 
 template <int NS, int STAGGER = 0>

@@ -48,6 +48,7 @@
 
 #include "dg_w4a8_grouped.cuh"  // smem_u32, gmma_desc, cp_async16 / 4, wg_* fences, reg_fence, group_rows, build_prefix
 #include "dg_w4a8_wgmma.cuh"    // wgmma_m64n128k32_e4m3
+#include "dg_w4a8_ws.cuh"       // mbar_init / mbar_arrive / mbar_wait (with the 2^30-poll watchdog)
 
 namespace dg_fp8db {
 
@@ -56,6 +57,9 @@ using dg_w4a8::cp_async16;
 using dg_w4a8::cp_async4;
 using dg_w4a8::gmma_desc;
 using dg_w4a8::group_rows;
+using dg_w4a8::mbar_arrive;
+using dg_w4a8::mbar_init;
+using dg_w4a8::mbar_wait;
 using dg_w4a8::reg_fence;
 using dg_w4a8::smem_u32;
 using dg_w4a8::wg_arrive;
@@ -108,33 +112,10 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_first(float* d, uint64_t d
 
 // ------------------------------------------------------------------------------------------------ mbarriers
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
 // Arrives on `bar` once every cp.async this thread issued so far has landed (no pending-count increment: the
 // barrier's expected count includes these arrivals).
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-// Watchdog: 2^30 failed polls (seconds; a whole GEMM takes milliseconds) mean a protocol bug: trap (a launch error
-// the test sees) rather than hang the device.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t polls = 0;
-  while (!mbar_try_wait(bar, parity)) {
-    if (++polls == (1u << 30)) __trap();
-  }
 }
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "dg_launch.h"
 #include "dg_w4a8_grouped.cuh"
 #include "dg_w4a8_rs.h"
 #include "dg_w4a8_ws.h"
@@ -12,28 +13,14 @@
 namespace dg_w4a8 {
 namespace {
 
-constexpr int kMaxDevices = 64;
+using dg_launch::kMaxDevices;
 std::string g_last_error;
 
 // The largest dynamic shared memory any g <= kMaxGroups needs: set once per device and instantiation, so launches
 // under CUDA-graph capture only launch.
 template <int WG, int NS, bool REL>
 cudaError_t opt_in_smem(int* sms) {
-  static bool configured[kMaxDevices] = {};
-  static int n_sms[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    const int smem = Layout<WG, NS, REL>::bytes(kMaxGroups);
-    err = cudaFuncSetAttribute(w4a8_grouped_kernel<WG, NS, REL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
-  *sms = n_sms[dev];
-  return cudaSuccess;
+  return dg_launch::opt_in_smem_once<w4a8_grouped_kernel<WG, NS, REL>>(Layout<WG, NS, REL>::bytes(kMaxGroups), sms);
 }
 
 // CTAs per SM at `smem` bytes, cached per device for the last smem size asked (the warm-up call fills it, so a call

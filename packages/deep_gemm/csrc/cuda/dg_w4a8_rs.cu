@@ -3,40 +3,19 @@
 
 #include <cstdio>
 
+#include "dg_launch.h"
 #include "dg_w4a8_rs.cuh"
 
 namespace dg_w4a8 {
 namespace {
 
-constexpr int kMaxDevices = 64;
-
-// Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and instantiation (a launch under
-// CUDA-graph capture then only launches); returns the SM count.
-template <int NS, int TOK>
-cudaError_t rs_opt_in(int* sms) {
-  static bool configured[kMaxDevices] = {};
-  static int n_sms[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    err = cudaFuncSetAttribute(w4a8_rs_kernel<NS, TOK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               RsLayout<NS, TOK>::bytes(kMaxGroups));
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
-  *sms = n_sms[dev];
-  return cudaSuccess;
-}
 
 template <int NS, int TOK>
 int rs_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
   using L = RsLayout<NS, TOK>;
   int sms = 0;
   const int smem = L::bytes(p.g);
-  cudaError_t err = rs_opt_in<NS, TOK>(&sms);
+  cudaError_t err = dg_launch::opt_in_smem_once<w4a8_rs_kernel<NS, TOK>>(L::bytes(kMaxGroups), &sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;  // one 384-thread CTA per SM (the ring takes most of the shared memory)
     w4a8_rs_kernel<NS, TOK><<<ctas, L::kThreads, smem, stream>>>(p);

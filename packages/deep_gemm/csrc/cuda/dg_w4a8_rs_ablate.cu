@@ -6,39 +6,21 @@
 
 #include <cstdio>
 
+#include "dg_launch.h"
 #include "dg_w4a8_rs.cuh"
 
 namespace dg_w4a8 {
 namespace {
 
-constexpr int kMaxDevices = 64;
 constexpr int kNS = 4, kTokA = 256;  // cuda_rs2s4n256
 using LA = RsLayout<kNS, kTokA>;
 
-template <int MASK>
-cudaError_t abl_opt_in(int* sms) {  // as dg_w4a8_rs.cu's rs_opt_in
-  static bool configured[kMaxDevices] = {};
-  static int n_sms[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    err = cudaFuncSetAttribute(w4a8_rs_kernel<kNS, kTokA, MASK>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, LA::bytes(kMaxGroups));
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms[dev], cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
-  *sms = n_sms[dev];
-  return cudaSuccess;
-}
 
 template <int MASK>
 int abl_launch(const Params& p, int ctas, cudaStream_t stream, std::string* msg) {
   int sms = 0;
   const int smem = LA::bytes(p.g);
-  cudaError_t err = abl_opt_in<MASK>(&sms);
+  cudaError_t err = dg_launch::opt_in_smem_once<w4a8_rs_kernel<kNS, kTokA, MASK>>(LA::bytes(kMaxGroups), &sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;
     w4a8_rs_kernel<kNS, kTokA, MASK><<<ctas, LA::kThreads, smem, stream>>>(p);
