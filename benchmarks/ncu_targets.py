@@ -10,7 +10,10 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
   fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
+  fp8_db_t4   deep_gemm fp8_db with the TMA producer, 4 stages (session 10: is it L2-bound?), same shape
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
+  fm_hca1     flash_mla public sparse_attn_decode, BF16 cache, b 1 x s_q 1, HCA at 1M context (128 window + 8,192
+              compressed rows): the split kernel and its merge (the 3 TB/s goal's case)
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _w4a8(impl: str) -> Callable[[], object]:
     return calls[impl][0]
 
 
-def _fp8_db() -> Callable[[], object]:
+def _fp8_db(tma: bool = False, stages: int = 5) -> Callable[[], object]:
     import bench_dg_w4a8_ws as ws
 
     from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
@@ -49,7 +52,21 @@ def _fp8_db() -> Callable[[], object]:
     b = ws._fp8_bytes((g, n, k), "cuda")
     sfb = torch.rand(g, n // 128, k // 128, device="cuda") + 0.5
     out = torch.empty(op["m"], n, device="cuda", dtype=torch.bfloat16)
-    return lambda: db.m_grouped_fp8_gemm_nt_offsets_db(op["a"], op["sfa"], b, sfb, op["offs"], out)
+    kw = dict(stages=stages, tma=tma)
+    return lambda: db.m_grouped_fp8_gemm_nt_offsets_db(op["a"], op["sfa"], b, sfb, op["offs"], out, **kw)
+
+
+def _hca1() -> Callable[[], object]:
+    from bench_flash_mla import decode_indices
+
+    from deepinfer.flash_mla import api
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    idx = decode_indices(1, 1, 8192, 8192, 128, 8192 + 128, gen)
+    kv = torch.randn(8192 + 128, D, generator=gen, device="cuda").bfloat16()
+    q = torch.randn(1, 1, H, D, generator=gen, device="cuda").bfloat16()
+    sink = torch.randn(H, generator=gen, device="cuda")
+    return lambda: api.sparse_attn_decode(q, kv, idx, sink, D**-0.5)
 
 
 def _attn(cache: str, variant: str | None, prefill: bool, b: int = 128) -> Callable[[], object]:
@@ -80,11 +97,13 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "w4a8_rs": lambda: _w4a8("cuda_rs2s4n256"),
     "fp8_grouped": lambda: _w4a8("fp8_grouped_api"),
     "fp8_db": _fp8_db,
+    "fp8_db_t4": lambda: _fp8_db(tma=True, stages=4),
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
     "fm_fp8v": lambda: _attn("fp8", "ws3p1v", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
     "fm_b2": lambda: _attn("fp8", "api", False, b=2),
+    "fm_hca1": _hca1,
 }
 
 

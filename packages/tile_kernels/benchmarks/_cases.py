@@ -263,6 +263,15 @@ def _moe_cases(dev: str, t: int, full: bool) -> list[Case]:
             ref.moe_unpermute,
         )
     )
+    c.append(  # the engine's MoE pair order (session 10): the Triton rank sort up to 4,096 keys, torch above
+        Case(
+            "stable_argsort",
+            f"keys [{t * TOPK}] int64, {EXPERTS} distinct",
+            lambda: (torch.randint(0, EXPERTS, (t * TOPK,), device=dev),),
+            tk.stable_argsort,
+            ref.stable_argsort,
+        )
+    )
     return c
 
 

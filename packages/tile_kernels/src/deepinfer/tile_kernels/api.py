@@ -32,6 +32,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
     "softmax_pool",
+    "stable_argsort",
     "swiglu_clamp",
 ]
 
@@ -43,6 +44,7 @@ _ROUTE_MAX_TOPK, _ROUTE_MAX_EXPERTS = 16, 4096  # triton_route.MAX_TOPK, MAX_EXP
 _ROUTE_SCORINGS = ("sqrtsoftplus", "sigmoid", "softmax")
 _TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # triton_moe.OUT_DTYPES
 _UNPERMUTE_MAX_K = 64  # triton_moe.MAX_UNPERMUTE_K
+_RANK_SORT_MAX_P = 4096  # triton_rank_sort.MAX_P
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -336,3 +338,22 @@ from .api_fused import *  # noqa: E402,F401,F403  (fused ops join the public API
 from .api_fused import __all__ as _fused_all  # noqa: E402
 
 __all__ += list(_fused_all)
+
+
+def stable_argsort(keys: torch.Tensor) -> torch.Tensor:
+    """Stable ascending argsort of integer keys: `torch.argsort(keys, stable=True)`, same int64 [P] result.
+
+    keys: int32 / int64 [P]. On CUDA with P <= 4,096: one Triton launch that places each element at its rank
+    (`backends/cuda/triton_rank_sort.py`; no host sync, CUDA-graph safe). The engine sorts its decode-sized MoE
+    routing pairs (tokens x top-k, a few hundred) with it: torch's radix sort of those int64 keys took 0.21 ms of a
+    3.9 ms 4-layer batch-32 decode step on the H200 (session 10 trace). Longer inputs and other devices run
+    torch.argsort.
+    """
+    check_tensor("keys", keys, ndim=1)
+    if keys.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"keys must be int32 or int64, got {keys.dtype}")
+    if _triton_ok(keys) and keys.numel() <= _RANK_SORT_MAX_P:
+        from .backends.cuda.triton_rank_sort import stable_argsort_triton
+
+        return stable_argsort_triton(keys)
+    return _ascend_or("stable_argsort", keys.device, _ref.stable_argsort)(keys)

@@ -4,7 +4,7 @@ from .ref.act import swiglu_clamp
 from .ref.compressor import softmax_pool
 from .ref.fused import hadamard_fp4_quant_dequant, kv_norm_rope_quant, swiglu_clamp_fp8
 from .ref.mhc import mhc_head, mhc_head_weights, mhc_post, mhc_pre, sinkhorn
-from .ref.moe import hash_route, moe_permute, moe_route, moe_scores, moe_unpermute
+from .ref.moe import hash_route, moe_permute, moe_route, moe_scores, moe_unpermute, stable_argsort
 from .ref.norm import rms_norm
 from .ref.rope import apply_rope_interleaved, rope_cos_sin, rope_inv_freq
 
@@ -26,6 +26,7 @@ __all__ = [
     "rope_inv_freq",
     "sinkhorn",
     "softmax_pool",
+    "stable_argsort",
     "swiglu_clamp",
     "swiglu_clamp_fp8",
 ]

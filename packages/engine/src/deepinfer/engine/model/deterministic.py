@@ -57,7 +57,8 @@ def _pair_positions(num_rows: int, index: torch.Tensor, name: str) -> torch.Tens
     """[num_rows, k] int64: row r's pair positions p (index[p] == r) in ascending order (a stable sort by row)."""
     if index.numel() % num_rows:
         raise ValueError(f"{name}: expected P divisible by num_rows={num_rows}, got P={index.numel()}")
-    return torch.argsort(index, stable=True).view(num_rows, index.numel() // num_rows)
+    # tile_kernels' rank sort at decode sizes (one launch; torch's radix sort was ~5 % of a decode step)
+    return tk.stable_argsort(index).view(num_rows, index.numel() // num_rows)
 
 
 def combine_weighted(num_rows: int, index: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

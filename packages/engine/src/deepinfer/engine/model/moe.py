@@ -51,7 +51,7 @@ class MoE:
         """x: [T, hidden] normed FFN input; token_ids: [T]. Returns [T, hidden] in x.dtype."""
         weights, ids = self.route(x, token_ids)
         flat = ids.flatten()
-        order = torch.argsort(flat, stable=True)
+        order = tk.stable_argsort(flat)  # = torch.argsort(flat, stable=True); one launch at decode sizes
         # scatter-add rather than bincount: bincount sizes its output from the data (a host sync)
         counts = torch.zeros(len(self.experts), dtype=torch.int64, device=x.device).index_add_(
             0, flat, torch.ones_like(flat)

@@ -8,7 +8,7 @@ DEEPINFER_TILE_KERNELS_BACKEND=reference; other calls run the PyTorch reference:
   (triton_quant.py), softmax_pool (triton_pool.py), moe_route / hash_route (triton_route.py), the FP4 quantisers
   (triton_fp4.py), hadamard_transform and the fused hadamard_fp4_quant_dequant (triton_hadamard.py), moe_permute /
   moe_unpermute (triton_moe.py; moe_permute copies rows of any 1/2/4/8-byte dtype), swiglu_clamp_fp8 and
-  kv_norm_rope_quant (triton_fused.py).
+  kv_norm_rope_quant (triton_fused.py), stable_argsort (triton_rank_sort.py; session 10).
 No compiled (CUDA C++) kernel exists.
 """
 

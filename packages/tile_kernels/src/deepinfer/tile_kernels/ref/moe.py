@@ -147,3 +147,8 @@ def moe_unpermute(
         term = y[rows[:, j].clamp(min=0)].float() * w[:, j : j + 1]
         acc = acc + torch.where(valid[:, None], term, 0.0)
     return acc.to(y.dtype if out_dtype is None else out_dtype)
+
+
+def stable_argsort(keys: torch.Tensor) -> torch.Tensor:
+    """int64 [P]: the stable ascending argsort of integer keys [P] (equal keys keep their input order)."""
+    return torch.argsort(keys, stable=True)

@@ -28,6 +28,7 @@ documentation (hiascend.com, op-plugin); no NPU run was made.
 * `moe_permute`, `moe_unpermute` -> reference: a stable sort, row gathers and an fp32 slot-order sum (aten ops,
   which torch_npu runs on the NPU); no torch_npu operator has been checked against this layout (expert
   -> token -> slot order, per-expert block padding, src_map [t, k] with -1 for masked slots)
+* `stable_argsort` -> reference: torch.argsort(stable=True), an aten op torch_npu runs on the NPU
 * `fp8_quant_ue8m0`, `fp8_quant_dequant_ue8m0`, `per_token_group_quant_fp8`, `fp8_block_quant`, `dequant_fp8_block`
   -> reference: must be bit-exact with UE8M0 power-of-two scales and an amax floor of 1e-4; `npu_dynamic_quant`
   makes one fp32 scale amax/max per row, not per 64/128 group nor a power of two
@@ -72,6 +73,7 @@ _WHY = {
     "hash_route": "table gather plus the reference scores",
     "moe_permute": "stable sort + row gather (aten); no torch_npu operator checked against this layout",
     "moe_unpermute": "fp32 slot-order weighted sum of gathered rows (aten); no torch_npu operator checked",
+    "stable_argsort": "torch.argsort(stable=True) (aten, which torch_npu runs on the NPU)",
     "fp8_quant_ue8m0": "bit-exact UE8M0 contract; npu_dynamic_quant has per-row non-power-of-two scales",
     "fp8_quant_dequant_ue8m0": "bit-exact UE8M0 contract; npu_dynamic_quant has per-row non-power-of-two scales",
     "per_token_group_quant_fp8": "bit-exact UE8M0 / 1e-4 floor contract; npu_dynamic_quant differs",
