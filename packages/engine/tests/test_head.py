@@ -52,3 +52,33 @@ def test_gpu_head_matches_fp32_gemm(n: int) -> None:
     assert ((got.double() - exact).abs() <= bound).all()
     ref = h @ w.float().t()
     assert (got.double() - exact).abs().max() <= 4 * (ref.double() - exact).abs().max() + 1e-6
+
+
+def _router(gate: torch.Tensor):  # noqa: ANN202
+    from deepinfer.engine.model.moe import MoE
+
+    return MoE(None, gate, None, None, [], None)  # type: ignore[arg-type]
+
+
+def test_router_cpu_keeps_the_fp32_gemm() -> None:
+    """On CPU (and for non-bf16 gates) the router logits are exactly the fp32 GEMM of the reference."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 64, generator=g).bfloat16()
+    gate = (torch.randn(16, 64, generator=g) * 0.05).bfloat16()
+    assert torch.equal(_router(gate)._logits(x), x.float() @ gate.float().t())
+    assert _router(gate.float()).gate_bf16 is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 32, 4096])
+def test_gpu_router_bf16_gemm_matches_fp32(n: int) -> None:
+    """The CUDA router (bf16 GEMM, fp32 accumulation / output) against the exact sum, within fp32 GEMM error."""
+    g = torch.Generator().manual_seed(7)
+    d, e = 4096, 256
+    x = torch.randn(n, d, generator=g).bfloat16().cuda()
+    gate = (torch.randn(e, d, generator=g) * 0.02).bfloat16().cuda()
+    got = _router(gate)._logits(x)
+    assert got.dtype == torch.float32 and got.shape == (n, e)
+    exact = x.double() @ gate.double().t()
+    bound = (x.double().abs() @ gate.double().abs().t()) * (d * 2.0**-24)
+    assert ((got.double() - exact).abs() <= bound).all()

@@ -27,7 +27,7 @@ def split_bf16x3(h: torch.Tensor) -> torch.Tensor:
     return torch.stack((h1, h2, h3))
 
 
-def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+def mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     """a @ b for bf16 CUDA operands with an fp32 result, or None when this torch build cannot do it."""
     global _MM_OUT_DTYPE
     if _MM_OUT_DTYPE is False:
@@ -50,7 +50,7 @@ def head_logits_bf16w(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
         return None
     n = h.shape[0]
     parts = split_bf16x3(h.float()).reshape(3 * n, h.shape[1])
-    y = _mm_fp32_out(parts, w.t())
+    y = mm_fp32_out(parts, w.t())
     if y is None:
         return None
     return (y[:n] + y[n : 2 * n]) + y[2 * n :]
