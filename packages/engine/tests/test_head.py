@@ -66,7 +66,20 @@ def test_router_cpu_keeps_the_fp32_gemm() -> None:
     x = torch.randn(5, 64, generator=g).bfloat16()
     gate = (torch.randn(16, 64, generator=g) * 0.05).bfloat16()
     assert torch.equal(_router(gate)._logits(x), x.float() @ gate.float().t())
-    assert _router(gate.float()).gate_bf16 is None
+
+
+def test_exact_bf16_and_linear_fp32_on_cpu() -> None:
+    """`QWeight.exact_bf16`: bf16 weights and fp32 weights holding bf16 values qualify, others not; on CPU
+    `linear_fp32` is the fp32 GEMM."""
+    from deepinfer.engine.weights import QWeight, linear_fp32
+
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(12, 32, generator=g)
+    assert QWeight(w).exact_bf16() is None
+    assert torch.equal(QWeight(w.bfloat16().float()).exact_bf16(), w.bfloat16())
+    assert torch.equal(QWeight(w.bfloat16()).exact_bf16(), w.bfloat16())
+    x = torch.randn(3, 32, generator=g).bfloat16()
+    assert torch.equal(linear_fp32(x, QWeight(w)), x.float() @ w.t())
 
 
 @pytest.mark.gpu
@@ -77,8 +90,11 @@ def test_gpu_router_bf16_gemm_matches_fp32(n: int) -> None:
     d, e = 4096, 256
     x = torch.randn(n, d, generator=g).bfloat16().cuda()
     gate = (torch.randn(e, d, generator=g) * 0.02).bfloat16().cuda()
-    got = _router(gate)._logits(x)
-    assert got.dtype == torch.float32 and got.shape == (n, e)
     exact = x.double() @ gate.double().t()
     bound = (x.double().abs() @ gate.double().abs().t()) * (d * 2.0**-24)
-    assert ((got.double() - exact).abs() <= bound).all()
+    for w in (gate, gate.float()):  # a BF16 checkpoint gate, and one stored as fp32 holding bf16 values
+        moe = _router(w)
+        got = moe._logits(x)
+        assert moe.gate_q.exact_bf16() is not None
+        assert got.dtype == torch.float32 and got.shape == (n, e)
+        assert ((got.double() - exact).abs() <= bound).all()

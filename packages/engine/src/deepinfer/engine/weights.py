@@ -14,6 +14,8 @@ import torch
 from deepinfer import deep_gemm
 from deepinfer import tile_kernels as tk
 
+from .model.head import mm_fp32_out
+
 
 @dataclass(eq=False)
 class QWeight:
@@ -48,6 +50,16 @@ class QWeight:
             self._cache[dtype] = w.to(dtype).contiguous()
         return self._cache[dtype]
 
+    def exact_bf16(self) -> torch.Tensor | None:
+        """The weight as bf16 [out, in] when every value is exactly a bf16 number (a BF16 checkpoint tensor always),
+        else None. Checked once (one host sync for other formats), then cached."""
+        if "exact_bf16" not in self._cache:
+            w16 = self.dequant(torch.bfloat16)
+            exact = self.fmt == "float" and self.weight.dtype == torch.bfloat16
+            exact = exact or torch.equal(w16.float(), self.dequant(torch.float32))
+            self._cache["exact_bf16"] = w16 if exact else None
+        return self._cache["exact_bf16"]
+
     def to(self, device: torch.device | str) -> QWeight:
         """Move the stored tensors (not the cache) to `device`."""
         scale = None if self.scale is None else self.scale.to(device)
@@ -63,3 +75,19 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     y = deep_gemm.bf16_gemm_nt(x2.contiguous(), w.dequant(x.dtype))
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def linear_fp32(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """fp32 y = x.float() @ W^T (products and sums in fp32), as V4 runs its router and compressor projections.
+
+    x: [..., in] bf16 / fp32. On CUDA with a bf16 x and a weight that is exactly bf16 (`exact_bf16`): one bf16 GEMM
+    with fp32 accumulation and output. Each bf16 x bf16 product is exact in fp32, so it is the fp32 GEMM up to the
+    order of the additions, on tensor cores and reading half the weight bytes (the fp32 GEMM ran as a SIMT kernel
+    on the H200). Else the fp32 GEMM of `linear`. Returns fp32 [..., out].
+    """
+    w16 = w.exact_bf16() if x.is_cuda and x.dtype == torch.bfloat16 else None
+    if w16 is not None:
+        y = mm_fp32_out(x.reshape(-1, x.shape[-1]), w16.t())
+        if y is not None:
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+    return linear(x.float(), w)

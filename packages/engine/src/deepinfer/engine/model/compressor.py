@@ -20,7 +20,7 @@ import torch
 
 from deepinfer import tile_kernels as tk
 
-from ..weights import QWeight, linear
+from ..weights import QWeight, linear_fp32
 from .compressor_plan import PrefillPlan
 
 
@@ -49,9 +49,8 @@ class Compressor:
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [n, hidden] -> K, Z [n, coff * dim] fp32."""
-        xf = x.float()
-        k = linear(xf, self.wkv)
-        z = linear(xf, self.wgate) + self.ape[positions.remainder(self.ratio)]
+        k = linear_fp32(x, self.wkv)
+        z = linear_fp32(x, self.wgate) + self.ape[positions.remainder(self.ratio)]
         return k, z
 
     def _pool(self, buf_k: torch.Tensor, buf_z: torch.Tensor, has_prev: torch.Tensor, out_dtype: torch.dtype):

@@ -7,8 +7,7 @@ import torch
 from deepinfer import tile_kernels as tk
 
 from ..config import ModelConfig
-from ..weights import QWeight, linear
-from .head import mm_fp32_out
+from ..weights import QWeight, linear, linear_fp32
 from .moe_grouped import GroupedExperts, GroupedExpertsFP4, fp4_grouped_available, grouped_available
 
 
@@ -35,10 +34,7 @@ class MoE:
         shared: Expert | None,
     ) -> None:
         self.cfg, self.gate, self.bias, self.tid2eid = cfg, gate.float(), bias, tid2eid
-        # a BF16 checkpoint gate also kept as is: bf16 x bf16 products are exact in fp32, so a bf16 GEMM with fp32
-        # accumulation and output is the fp32 router GEMM up to the order of the additions, at half the weight
-        # bytes and on tensor cores (the fp32 GEMM ran as a SIMT kernel: ~21 us per layer at batch 32 on the H200)
-        self.gate_bf16 = gate if gate.dtype == torch.bfloat16 else None
+        self.gate_q = QWeight(gate)  # the CUDA router: `linear_fp32` (bf16 GEMM, fp32 products and sums)
         self.experts, self.shared = experts, shared
         self.grouped: GroupedExperts | GroupedExpertsFP4 | None = None
 
@@ -54,11 +50,9 @@ class MoE:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 router logits [T, E] = x [T, hidden] @ gate^T with fp32 products and sums."""
-        if x.is_cuda and x.dtype == torch.bfloat16 and self.gate_bf16 is not None:
-            out = mm_fp32_out(x, self.gate_bf16.t())
-            if out is not None:
-                return out
-        return x.float() @ self.gate.t()
+        if x.is_cuda:
+            return linear_fp32(x, self.gate_q)
+        return x.float() @ self.gate.t()  # CPU: the reference's fp32 GEMM as before
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] normed FFN input; token_ids: [T]. Returns [T, hidden] in x.dtype."""
