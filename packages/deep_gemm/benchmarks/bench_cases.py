@@ -517,8 +517,7 @@ def _grouped_cutlass_impls(run, tpe: int) -> dict[str, Callable[[], object]]:
 
     if not cg.available():
         return {}
-    # Configs 5 / 6 (256x128 tiles, session 10, opt-in) are measured by bench_dg_s10.py, not in this sweep.
-    variants = [(name, cfg, {}) for cfg, name in cg.CONFIGS.items() if cfg < 5] + (_GROUPED_KNOBS if tpe >= 256 else [])
+    variants = [(name, cfg, {}) for cfg, name in cg.CONFIGS.items()] + (_GROUPED_KNOBS if tpe >= 256 else [])
     return {
         f"dg_fp8_grouped_cutlass[{name}]": (lambda cfg=cfg, kw=kw: run(cfg, **kw))
         for name, cfg, kw in variants

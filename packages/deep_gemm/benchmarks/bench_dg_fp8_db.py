@@ -55,16 +55,14 @@ def _db_impls(a, sfa, b, sfb, offs, out_shape, dev) -> dict:  # noqa: ANN001
     """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form): cp.async first, then TMA."""
     impls = {}
     for stages, stagger, tma in sorted(db.compiled_variants(), key=lambda v: (v[2], -v[0], v[1])):
-        if tma == 2:  # the cluster-multicast kernel (session 10): bench_dg_s10.py measures it, in its last pass
-            continue
         out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
 
         def run(s: int = stages, t: int = stagger, m: int = tma, out: torch.Tensor = out) -> object:
             return db.m_grouped_fp8_gemm_nt_offsets_db(
-                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m), multicast=m == 2
+                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m)
             )
 
-        impls[db.variant_name(stages, bool(stagger), tma)] = (run, out)
+        impls[db.variant_name(stages, bool(stagger), bool(tma))] = (run, out)
     return impls
 
 

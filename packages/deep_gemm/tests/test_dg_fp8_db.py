@@ -114,7 +114,7 @@ def test_fp8_db_sm90_compile() -> None:
            str(_CSRC / "dg_fp8_db.cu"), "-o", os.devnull]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    kernels = re.findall(r"Compiling entry function '(\w*fp8_db_(?:tma_|mc_)?kernel\w*)'", res.stderr)
+    kernels = re.findall(r"Compiling entry function '(\w*fp8_db_(?:tma_)?kernel\w*)'", res.stderr)
     assert len(kernels) == len(db.VARIANTS), res.stderr[-2000:]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
@@ -164,8 +164,7 @@ def _assert_close(out: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @pytest.mark.gpu
 @needs_kernel
-# tma 2 (the cluster-multicast kernel, a new mbarrier protocol) is tested in test_dg_s10_mc.py, in its own process.
-@pytest.mark.parametrize(("stages", "stagger", "tma"), [v for v in db.VARIANTS if v[2] != 2], ids=lambda v: str(v))
+@pytest.mark.parametrize(("stages", "stagger", "tma"), db.VARIANTS, ids=lambda v: str(v))
 @pytest.mark.parametrize(
     ("counts", "n", "k", "ctas"),
     [

@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "dg_fp8_db.cuh"
-#include "dg_fp8_db_mc.cuh"
 #include "dg_launch.h"
 
 namespace dg_fp8db {
@@ -57,14 +56,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// map <- the uint8 [rows, k] row-major matrix at base, box [box_rows rows, 128 k], 128-byte swizzle (the layout
-// gmma_desc reads; k bytes = 128 = the swizzle span), rows past `rows` zero-filled. Returns a CUresult (0: success).
-int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k, int box_rows = kBM) {
+// map <- the uint8 [rows, k] row-major matrix at base, box [128 rows, 128 k], 128-byte swizzle (the layout gmma_desc
+// reads; k bytes = 128 = the swizzle span), rows past `rows` zero-filled. Returns a CUresult (0: success).
+int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
   if (fn == nullptr) return -1;
   const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
   const cuuint64_t strides[1] = {(cuuint64_t)k};  // bytes between rows (the innermost stride is implied)
-  const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+  const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)kBM}, elem[2] = {1, 1};
   static_assert(kBM == kBN, "one box shape for A and B");
   return static_cast<int>(fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -108,78 +107,10 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
   return static_cast<int>(err);
 }
 
-// Clusters of 2 that can be co-resident (cudaOccupancyMaxActiveClusters), once per device and kernel; <= 0 on error.
-template <int NS>
-int max_clusters(cudaLaunchConfig_t cfg, int sms) {
-  static int cached[dg_launch::kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= dg_launch::kMaxDevices) return 0;
-  if (cached[dev] == 0) {
-    cfg.gridDim = dim3(sms / 2 * 2, 1, 1);
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, fp8_db_mc_kernel<NS>, &cfg) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();  // clear the sticky-free error: fall back to one cluster per SM pair
-      n = sms / 2;
-    }
-    cached[dev] = n;
-  }
-  return cached[dev];
-}
-
-// The cluster-multicast kernel (dg_fp8_db_mc.cuh): maps A box [128, 128] and B box [64, 128]; cluster (2, 1, 1);
-// ctas <= 0: two per co-resident cluster; an odd ctas is rounded down (at least 2).
-template <int NS>
-int launch_mc(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
-  DbMapsMc maps;
-  int res = encode_kmajor(&maps.a, p.a, p.m, p.k);
-  const char* which = "A";
-  if (res == 0) {
-    res = encode_kmajor(&maps.b_half, p.b, p.g * p.n, p.k, kMcHalfRows);
-    which = "B";
-  }
-  if (res != 0) {
-    if (msg != nullptr) {
-      char buf[200];
-      std::snprintf(buf, sizeof(buf), "fp8_db mc stages=%d: cuTensorMapEncodeTiled of %s failed (%s %d)", NS, which,
-                    res == -1 ? "entry point not found" : "CUresult", res);
-      *msg = buf;
-    }
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  int sms = 0;
-  const int smem = DbLayout<NS>::bytes(p.g);
-  cudaError_t err = dg_launch::opt_in_smem_once<fp8_db_mc_kernel<NS>>(DbLayout<NS>::bytes(kMaxGroups), &sms);
-  if (err == cudaSuccess) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (ctas <= 0) ctas = 2 * max_clusters<NS>(cfg, sms);
-    ctas = ctas < 2 ? 2 : ctas / 2 * 2;
-    cfg.gridDim = dim3(ctas, 1, 1);
-    err = cudaLaunchKernelEx(&cfg, fp8_db_mc_kernel<NS>, p, maps);
-    if (err == cudaSuccess) err = cudaGetLastError();
-  }
-  if (err != cudaSuccess && msg != nullptr) {
-    char buf[200];
-    std::snprintf(buf, sizeof(buf), "fp8_db mc stages=%d smem=%d ctas=%d: %s", NS, smem, ctas,
-                  cudaGetErrorString(err));
-    *msg = buf;
-  }
-  return static_cast<int>(err);
-}
-
 }  // namespace
 
 std::vector<std::tuple<int, int, int>> fp8_db_variants() {
-  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {5, 0, 2}};
+  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}};
 }
 
 int fp8_db_smem_bytes(int stages, int g) {
@@ -205,11 +136,6 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
              reinterpret_cast<const uint8_t*>(b), reinterpret_cast<const float*>(sfb),
              reinterpret_cast<const int*>(offs), reinterpret_cast<__nv_bfloat16_raw*>(out), m, n, k, g};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (tma == 2) {
-    if (stages == 4 && stagger == 0) return launch_mc<4>(p, ctas, s, msg);
-    if (stages == 5 && stagger == 0) return launch_mc<5>(p, ctas, s, msg);
-    return -1;
-  }
   if (tma != 0) {
     if (stages == 4 && stagger == 0 && tma == 1) return launch_tma<4>(p, ctas, s, msg);
     if (stages == 5 && stagger == 0 && tma == 1) return launch_tma<5>(p, ctas, s, msg);

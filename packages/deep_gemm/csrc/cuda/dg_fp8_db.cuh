@@ -286,17 +286,7 @@ __device__ __forceinline__ void db_store(const DbParams& p, const DbTile& tile, 
 // Promote block sp from t; kPending: a later block's wgmma group was committed after it (wait_group 1, else 0; a
 // compile-time count: ptxas must see on every path which group the wait retires, or it serialises the wgmmas).
 // The scales are read from the stage BEFORE the wait (their latency hides under the running wgmmas).
-// kMc (the cluster-multicast kernel, dg_fp8_db_mc.cuh): the stage is also released to the peer CTA's empty barrier,
-// since the peer's producer multicasts half of the next B box into this CTA's copy of the stage.
-__device__ __forceinline__ void mbar_arrive_peer(uint64_t* bar) {
-  asm volatile(
-      "{\n.reg .b32 rk, ra;\nmov.u32 rk, %%cluster_ctarank;\nxor.b32 rk, rk, 1;\n"
-      "mapa.shared::cluster.u32 ra, %0, rk;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(
-          smem_u32(bar))
-      : "memory");
-}
-
-template <int kStages, bool kPending, bool kMc = false>
+template <int kStages, bool kPending>
 __device__ __forceinline__ void db_finish(float* acc, float* t, uint8_t* smem, int sp, int cw, int wtid) {
   using L = DbLayout<kStages>;
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kBar) + kStages;
@@ -314,31 +304,28 @@ __device__ __forceinline__ void db_finish(float* acc, float* t, uint8_t* smem, i
   reg_fence<64>(t);
   db_promote(acc, t, s0, s1);
   __syncwarp();
-  if ((wtid & 31) == 0) {  // this warp's wgmma reads and scale reads of the stage are done
-    mbar_arrive(&empty[stage]);
-    if constexpr (kMc) mbar_arrive_peer(&empty[stage]);
-  }
+  if ((wtid & 31) == 0) mbar_arrive(&empty[stage]);  // this warp's wgmma reads and scale reads of the stage are done
 }
 
 // The k blocks sp0 .. sp0 + kblocks - 1 of one tile into acc, two blocks in flight: one commit group (ta's) is
 // outstanding at the loop head on every path, so every wait retires a known group. Returns with nothing in flight.
-template <int kStages, bool kMc = false>
+template <int kStages>
 __device__ __forceinline__ void db_tile(float* acc, float* ta, float* tb, uint8_t* smem, int sp0, int kblocks, int cw,
                                         int wtid) {
   db_issue<kStages>(ta, smem, sp0, cw);
   int kb = 0;
   for (; kb + 1 < kblocks; kb += 2) {  // ta holds block kb, tb block kb + 1
     db_issue<kStages>(tb, smem, sp0 + kb + 1, cw);
-    db_finish<kStages, true, kMc>(acc, ta, smem, sp0 + kb, cw, wtid);
+    db_finish<kStages, true>(acc, ta, smem, sp0 + kb, cw, wtid);
     if (kb + 2 < kblocks) {
       db_issue<kStages>(ta, smem, sp0 + kb + 2, cw);
-      db_finish<kStages, true, kMc>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
+      db_finish<kStages, true>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
     } else {
-      db_finish<kStages, false, kMc>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
+      db_finish<kStages, false>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
       return;
     }
   }
-  db_finish<kStages, false, kMc>(acc, ta, smem, sp0 + kb, cw, wtid);  // odd block count (k = 128: this block only)
+  db_finish<kStages, false>(acc, ta, smem, sp0 + kb, cw, wtid);  // odd block count (k = 128: this block only)
 }
 
 // kStagger > 0: consumer warpgroup 1 starts kStagger ns late, so the two warpgroups reach their tile-end drains at

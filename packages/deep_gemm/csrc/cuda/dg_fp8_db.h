@@ -8,9 +8,8 @@
 
 namespace dg_fp8db {
 
-// (stages, stagger, tma) triples compiled: ring depth; 1 = consumer warpgroup 1 starts ~1 us late; tma 1 = the TMA
-// producer (fp8_db_tma_kernel) instead of cp.async (dg_fp8_db.cuh); tma 2 = TMA with B multicast across a cluster of
-// 2 CTAs (fp8_db_mc_kernel, dg_fp8_db_mc.cuh; session 10).
+// (stages, stagger, tma) triples compiled: ring depth; 1 = consumer warpgroup 1 starts ~1 us late; 1 = the TMA
+// producer (fp8_db_tma_kernel) instead of cp.async (dg_fp8_db.cuh).
 std::vector<std::tuple<int, int, int>> fp8_db_variants();
 
 // Dynamic shared memory of the kernel with `stages` ring stages and g groups (-1: not compiled).

@@ -44,5 +44,5 @@ void dg_register_fp8_db(pybind11::module_& m) {
         py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("offs"), py::arg("out"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("g"), py::arg("ctas"), py::arg("stream"),
         "FP8 block-scaled M-grouped GEMM (contiguous offs layout), double-buffered promotion; tma=1: the TMA "
-        "producer (csrc/cuda/dg_fp8_db.cuh); tma=2: TMA with B multicast across a 2-CTA cluster (dg_fp8_db_mc.cuh).");
+        "producer (csrc/cuda/dg_fp8_db.cuh).");
 }

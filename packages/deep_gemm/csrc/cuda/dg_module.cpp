@@ -35,8 +35,6 @@ const ConfigEntry kConfigs[kCutlassFp8Configs] = {
     {cutlass_fp8_workspace_size_coop_k_2x1, cutlass_fp8_gemm_coop_k_2x1},
     {cutlass_fp8_workspace_size_pingpong_k, cutlass_fp8_gemm_pingpong_k},
     {cutlass_fp8_workspace_size_coop_k_2x2, cutlass_fp8_gemm_coop_k_2x2},
-    {cutlass_fp8_workspace_size_coop_k_256, cutlass_fp8_gemm_coop_k_256},
-    {cutlass_fp8_workspace_size_coop_k_256_1x2, cutlass_fp8_gemm_coop_k_256_1x2},
 };
 
 void check_range(const char* name, int value, int lo, int hi) {
@@ -72,10 +70,6 @@ const GroupedEntry kGroupedConfigs[kCutlassFp8GroupedConfigs] = {
      cutlass_fp8_grouped_gemm_coop_1x1},
     {cutlass_fp8_grouped_aux_bytes_coop_2x2, cutlass_fp8_grouped_workspace_size_coop_2x2,
      cutlass_fp8_grouped_gemm_coop_2x2},
-    {cutlass_fp8_grouped_aux_bytes_coop_256, cutlass_fp8_grouped_workspace_size_coop_256,
-     cutlass_fp8_grouped_gemm_coop_256},
-    {cutlass_fp8_grouped_aux_bytes_coop_256_1x2, cutlass_fp8_grouped_workspace_size_coop_256_1x2,
-     cutlass_fp8_grouped_gemm_coop_256_1x2},
 };
 
 struct W4A16DqEntry {

@@ -14,11 +14,8 @@
 //   0: 128x128x128 cooperative, 1x2, stream-K,   M-major     1: 64x128x128 ping-pong, 1x1, persistent, M-major
 //   2: 128x128x128 cooperative, 1x2, stream-K,   K-major     3: 128x128x128 cooperative, 2x1, stream-K, K-major
 //   4: 64x128x128 ping-pong, 1x1, persistent,    K-major     5: 128x128x128 cooperative, 2x2, stream-K, K-major
-//   6: 256x128x128 cooperative, 1x1, stream-K,   K-major     7: 256x128x128 cooperative, 1x2, stream-K, K-major
-// (No N = 64 tile: the B scales' 128-wide N blocks must divide the tile. 6 / 7 (session 10, opt-in): the collective
-// keeps two fp32 accumulators per warpgroup, 2 x 128 registers per thread, over the 240-register consumer budget, so
-// ptxas spills (README). No 128x256: CUTLASS 4.2's blockwise mainloop static_asserts that the B-scale register tile
-// (BLK_M, ScaleNsPerTile) equals the accumulator shape, which holds only for one 128-wide B scale block per tile.)
+// (No N = 64 tile: the B scales' 128-wide N blocks must divide the tile; no 128x256 / 256x128 tile: the collective
+// keeps two fp32 accumulators per warpgroup, 2 x 128 registers per thread, over the 255-register limit.)
 // Tile-scheduler knobs (runtime, no extra instantiation): raster 0 heuristic / 1 along M / 2 along N, swizzle 1, 2,
 // 4 or 8; stream-K configs only: decomposition 0 heuristic / 1 data-parallel / 2 split-K / 3 stream-K, splits
 // (split-K factor). The persistent (ping-pong) scheduler ignores decomposition and splits.
@@ -28,7 +25,7 @@
 
 namespace dg {
 
-constexpr int kCutlassFp8Configs = 8;
+constexpr int kCutlassFp8Configs = 6;
 
 struct CutlassFp8Args {
   uintptr_t a, sfa, b, sfb, c, d;  // device pointers; c may equal d (beta == 0 means C is never read)
@@ -55,8 +52,6 @@ DG_CUTLASS_FP8_CONFIG(coop_k)      // 2
 DG_CUTLASS_FP8_CONFIG(coop_k_2x1)  // 3
 DG_CUTLASS_FP8_CONFIG(pingpong_k)  // 4
 DG_CUTLASS_FP8_CONFIG(coop_k_2x2)  // 5
-DG_CUTLASS_FP8_CONFIG(coop_k_256)      // 6
-DG_CUTLASS_FP8_CONFIG(coop_k_256_1x2)  // 7
 #undef DG_CUTLASS_FP8_CONFIG
 
 }  // namespace dg
@@ -72,11 +67,10 @@ DG_CUTLASS_FP8_CONFIG(coop_k_256_1x2)  // 7
 // Configs (index: tile, schedule, cluster):
 //   0: 128x128x128 cooperative, 1x2    1: 128x128x128 cooperative, 2x1
 //   2: 64x128x128 ping-pong, 1x1       3: 128x128x128 cooperative, 1x1
-//   4: 128x128x128 cooperative, 2x2    5: 256x128x128 cooperative, 1x1 (session 10, opt-in; spills)
-//   6: 256x128x128 cooperative, 1x2 (session 10, opt-in; spills)
+//   4: 128x128x128 cooperative, 2x2
 // Scheduler knobs (runtime): raster 0/1 along M (CUTLASS's grouped default), 2 along N; swizzle 1, 2, 4 or 8.
 namespace dg {
-constexpr int kCutlassFp8GroupedConfigs = 7;
+constexpr int kCutlassFp8GroupedConfigs = 5;
 
 struct CutlassFp8GroupedArgs {
   uintptr_t a, sfa, b, sfb, d, m_indices;  // m_indices: the row ids (contiguous) or masked_m (masked)
@@ -100,7 +94,5 @@ DG_CUTLASS_FP8_GROUPED_CONFIG(coop_2x1)  // 1
 DG_CUTLASS_FP8_GROUPED_CONFIG(pingpong)  // 2
 DG_CUTLASS_FP8_GROUPED_CONFIG(coop_1x1)  // 3
 DG_CUTLASS_FP8_GROUPED_CONFIG(coop_2x2)  // 4
-DG_CUTLASS_FP8_GROUPED_CONFIG(coop_256)      // 5
-DG_CUTLASS_FP8_GROUPED_CONFIG(coop_256_1x2)  // 6
 #undef DG_CUTLASS_FP8_GROUPED_CONFIG
 }  // namespace dg

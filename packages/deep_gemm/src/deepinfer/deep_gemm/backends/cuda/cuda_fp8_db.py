@@ -11,11 +11,6 @@ thread issues two `cp.async.bulk.tensor` copies per stage instead of 128 threads
 the scales still by cp.async). Same shared-memory bytes, same math: bit-equal to `tma=False` (names `fp8_db_t5`,
 `fp8_db_t4`). Stagger is not built with TMA.
 
-`multicast=True` (session 10, opt-in; tma triple value 2, names `fp8_db_m4` / `fp8_db_m5`): the TMA kernel on
-clusters of 2 CTAs that take m tiles 2i and 2i + 1 of one group and n tile; each loads its A box and half of the B
-box multicast to both (csrc/cuda/dg_fp8_db_mc.cuh): 24 instead of 32 KiB of L2->SM traffic per CTA per k block.
-Same consumers: bit-equal to the other variants.
-
 First version's limits: fp32 scales only, n % 128 == 0, k % 128 == 0, out bf16 16-byte aligned, a and b 16-byte
 aligned, <= MAX_GROUPS groups.
 """
@@ -35,11 +30,8 @@ FP8 = torch.float8_e4m3fn
 DEFAULT_STAGES = 5  # ring depth (4 also built; the benchmark measures both)
 # (stages, stagger, tma) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1
 # starts consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide; tma 1 feeds the ring
-# with TMA copies instead of cp.async; tma 2 adds the B multicast across a 2-CTA cluster (all bit-equal to
-# (stages, 0, 0)).
-VARIANTS: tuple[tuple[int, int, int], ...] = (
-    (4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1), (4, 0, 2), (5, 0, 2),
-)  # fmt: skip
+# with TMA copies instead of cp.async (both bit-equal to (stages, 0, 0)).
+VARIANTS: tuple[tuple[int, int, int], ...] = ((4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1))
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory (kMaxGroups)
 
 
@@ -64,11 +56,8 @@ def compiled_variants() -> tuple[tuple[int, int, int], ...]:
     return tuple((int(v[0]), int(v[1]), int(v[2]) if len(v) > 2 else 0) for v in mod.fp8_db_variants())
 
 
-def variant_name(stages: int, stagger: bool, tma: bool | int = False) -> str:
-    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, True) -> 'fp8_db_t5' (TMA producer);
-    (4, False, 2) -> 'fp8_db_m4' (TMA + B multicast across a 2-CTA cluster)."""
-    if int(tma) == 2:
-        return f"fp8_db_m{stages}" + ("_stagger" if stagger else "")
+def variant_name(stages: int, stagger: bool, tma: bool = False) -> str:
+    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, True) -> 'fp8_db_t5' (TMA producer)."""
     if tma:
         return f"fp8_db_t{stages}" + ("_stagger" if stagger else "")
     return f"fp8_db_s{stages}" + ("_stagger" if stagger else "")
@@ -125,15 +114,14 @@ def _validate(
 
 
 def _launch(
-    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: bool,
-    multicast: bool = False,
-) -> torch.Tensor:  # fmt: skip
+    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: bool
+) -> torch.Tensor:
     mod = _module()
     if mod is None:
         raise RuntimeError("the fp8_db CUDA kernel is not built (build deep_gemm with DEEPINFER_DEVICE=cuda)")
     if not a.is_cuda:
         raise ValueError(f"a: expected a CUDA tensor, got device {a.device}")
-    key = (stages, int(stagger), 2 if multicast else int(tma))
+    key = (stages, int(stagger), int(tma))
     if key not in compiled_variants():
         raise ValueError(f"(stages, stagger, tma): expected one of {compiled_variants()}, got {key}")
     if m == 0:
@@ -141,7 +129,7 @@ def _launch(
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream(a.device).cuda_stream
         mod.fp8_db_grouped(
-            stages, int(stagger), key[2], a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), offs.data_ptr(),
+            stages, int(stagger), int(tma), a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), offs.data_ptr(),
             out.data_ptr(), m, n, k, g, ctas, stream,
         )  # fmt: skip
     return out
@@ -158,19 +146,17 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     stagger: bool = False,
     ctas: int = 0,
     tma: bool = False,
-    multicast: bool = False,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM, contiguous layout: rows [offs[i-1], offs[i]) of out = group i's rows of a @ b[i]^T.
 
     a: e4m3 [m, k]; sfa: fp32 [m, k / 128] (1 x 128 blocks); b: e4m3 [g, n, k] (K-major); sfb: fp32
     [g, n / 128, k / 128] (128 x 128 blocks); offs: int32 [g] cumulative row ends (read on the device only; rows past
     offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth and the
-    staggered consumer start; tma: the TMA producer (`compiled_variants()` lists the built triples); multicast:
-    the TMA producer with B multicast across 2-CTA clusters (tma ignored); ctas: persistent CTAs (0: one per SM;
-    multicast: two per co-resident cluster, an odd count rounded down). Returns out.
+    staggered consumer start; tma: the TMA producer (`compiled_variants()` lists the built triples); ctas:
+    persistent CTAs (0: one per SM). Returns out.
     """
     m, n, k, g = _validate(a, sfa, b, sfb, offs, out)
-    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, tma, multicast)
+    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, tma)
 
 
 def fp8_gemm_nt_db(
@@ -183,7 +169,6 @@ def fp8_gemm_nt_db(
     stagger: bool = False,
     ctas: int = 0,
     tma: bool = False,
-    multicast: bool = False,
 ) -> torch.Tensor:
     """Dense FP8 GEMM out = dequant(a, sfa) @ dequant(b, sfb)^T as one group.
 
@@ -198,4 +183,4 @@ def fp8_gemm_nt_db(
     sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
     offs = torch.full((1,), a.shape[0], dtype=torch.int32, device=a.device)  # a fill kernel: graph-capturable
     m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out)
-    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, tma, multicast)
+    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, tma)

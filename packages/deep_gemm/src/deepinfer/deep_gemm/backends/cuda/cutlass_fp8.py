@@ -60,13 +60,9 @@ CONFIGS = {
     3: "128x128x128 cooperative 2x1 stream-K, K-major A scales",
     4: "64x128x128 ping-pong 1x1 persistent, K-major A scales",
     5: "128x128x128 cooperative 2x2 stream-K, K-major A scales",
-    # Session 10, opt-in (never chosen by auto_config): 256-row tiles, a third less L2->SM traffic per FLOP, but
-    # 2 x 128 fp32 accumulator registers per consumer thread, so ptxas spills (README "Larger tiles").
-    6: "256x128x128 cooperative 1x1 stream-K, K-major A scales",
-    7: "256x128x128 cooperative 1x2 stream-K, K-major A scales",
 }
-K_MAJOR_SFA = frozenset({2, 3, 4, 5, 6, 7})  # configs that read the API's [m, k/128] A scales as is
-STREAM_K = frozenset({0, 2, 3, 5, 6, 7})  # configs whose scheduler takes decomposition / splits
+K_MAJOR_SFA = frozenset({2, 3, 4, 5})  # configs that read the API's [m, k/128] A scales as is
+STREAM_K = frozenset({0, 2, 3, 5})  # configs whose scheduler takes decomposition / splits
 # The auto dispatch's configs use K-major A scales (2 / 4: no per-call transpose): configs 2-4 passed
 # tests/test_dg_fp8_cutlass.py on the H200 and measured as fast as 0 / 1 at large m and faster at m <= 128
 # (pingpong_k 12.8 vs 15.0 us at 128 x 1024 x 4096, 2026-11-30); False restores the M-major configs 0 / 1.

@@ -11,8 +11,7 @@ CUTLASS's ptr-array grouped kernel with groupwise scaling; per-expert problem sh
 device from m_indices / masked_m (a scan and / or a setup kernel before the GEMM: no host sync, CUDA-graph safe).
 Configs (`CONFIGS`, index = `config=`): 0 128x128x128 cooperative cluster 1x2; 1 the same, cluster 2x1 (B multicast
 across two M tiles of one expert); 2 64x128x128 ping-pong 1x1; 3 128x128x128 cooperative 1x1; 4 the same,
-cluster 2x2 (A and B multicast); 5 / 6 (session 10, opt-in, never auto-selected) 256x128x128 cooperative, cluster
-1x1 / 1x2 (a third less L2->SM traffic per FLOP; ptxas spills the 2 x 128 accumulator registers). Runtime knobs:
+cluster 2x2 (A and B multicast). Runtime knobs:
 raster (0/1 along M, 2 along N) and swizzle (1, 2, 4, 8).
 
 a: float8_e4m3fn [M, k] (masked: [g, m_max, k]); sfa [M, k/128] (masked: [g, m_max, k/128]); b: float8_e4m3fn
@@ -43,15 +42,7 @@ __all__ = [
 
 _FP8 = torch.float8_e4m3fn
 _SCALES = (torch.float32, torch.float8_e8m0fnu)
-CONFIGS = {
-    0: "coop",
-    1: "coop_2x1",
-    2: "pingpong",
-    3: "coop_1x1",
-    4: "coop_2x2",
-    5: "coop_256",
-    6: "coop_256_1x2",
-}
+CONFIGS = {0: "coop", 1: "coop_2x1", 2: "pingpong", 3: "coop_1x1", 4: "coop_2x2"}
 # The config the API runs (`auto_config`), by rows per expert: first entry whose bound holds. H200 sweep (session 4,
 # 256 experts, gate+up / down): ping-pong fastest at 8 and 64 rows per expert (1.14-1.17x / 1.13-2.6x the Triton
 # kernel), the 2x1-cluster cooperative kernel at 256 (866 / 809 TFLOPS) and within 0.5 % of the best at 1024.
