@@ -132,6 +132,35 @@ static void sparse_decode_ws3p_vec(uintptr_t q, uintptr_t kv, uintptr_t idx, uin
                              "): " + fm_ws_error_string(rc));
 }
 
+// ws3p's kOptOverlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o): sparse_decode_ws3p_opt's
+// arguments; opt BF16 42 (ws3p1l + overlap) / 106 (+ adaptive) / 234 (+ P mbarrier), FP8 56 (ws3p1v + overlap) / 120
+// (+ adaptive) / 248 (+ P mbarrier).
+static void sparse_decode_ws3p_ovl(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
+                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
+                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
+                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
+                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
+                                   int max_ctas, int opt, uintptr_t stream) {
+  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: bad split plan");
+  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: max_ctas must be >= 0 (0: one CTA per SM)");
+  const bool ok = fp8 ? (opt == 56 || opt == 120 || opt == 248) : (opt == 42 || opt == 106 || opt == 234);
+  if (!ok)
+    throw std::invalid_argument(std::string("sparse_decode_ws3p_ovl: opt must be 42 / 106 / 234 (BF16) or ") +
+                                "56 / 120 / 248 (FP8), got " +
+                                std::to_string(opt) + (fp8 ? " with fp8" : " with bf16"));
+  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
+    throw std::invalid_argument("sparse_decode_ws3p_ovl: num_splits > 1 needs the part_o / part_lse workspaces");
+  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
+  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
+                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
+                      stride_lh};
+  const int rc = fm_ws3p_launch_ovl(a, fp8, max_ctas, opt, stream);
+  if (rc != 0)
+    throw std::runtime_error(std::string("sparse_decode_ws3p_ovl launch failed (opt ") + std::to_string(opt) +
+                             "): " + fm_ws_error_string(rc));
+}
+
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
         "Warp-specialised sparse MLA attention (fm_ws_decode.cu): 64 heads x 512 per CTA, a producer warpgroup "
@@ -162,4 +191,9 @@ void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws3p_vec", &sparse_decode_ws3p_vec,
         "ws3p's kOptVec build (session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
         "24 = ws3p1 (8) with the lane-uniform FP8 producer (16); results bit-identical to opt 8.");
+  m.def("sparse_decode_ws3p_ovl", &sparse_decode_ws3p_ovl,
+        "ws3p's kOptOverlap builds (session 10, fm_ws3_decode.cu consumer_p1o: the scoring warpgroup issues S_{i+1} "
+        "before softmax_i): sparse_decode_ws3p_opt's arguments, opt BF16 42 / 106 / 234 (bit-identical to opt 10), FP8 56 / "
+        "120 / 248 (bit-identical to sparse_decode_ws3p_vec's 24); 106 / 120 issue S_{i+1} early only once its tile "
+        "has landed; 234 / 248 also exchange P through an mbarrier.");
 }

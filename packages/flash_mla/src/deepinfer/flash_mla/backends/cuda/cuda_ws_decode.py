@@ -58,6 +58,19 @@ of 4 with two in flight, the row loop not unrolled), bit-identical to ws3p1; on 
 it runs ws3p1 itself. Not in `VARIANTS` (the session-6 tests pin that table); `sparse_attn_ws` and `probe` accept it.
 (Session 7's "ws3p1c" / "ws3p1h" dequant builds, 0.89-0.97x ws3p1, were removed in session 9.)
 
+ws3p kOptOverlap builds (session 10, NOT yet GPU-run; `variant="ws3p1o"` / "ws3p1vo" (same builds: BF16 opt 42 =
+ws3p1l + overlap, FP8 opt 56 = ws3p1v + overlap), "ws3p1oa" / "ws3p1voa" (opt 106 / 120: the adaptive form),
+`WS3P_OVL_OPTS`, `_C.sparse_decode_ws3p_ovl`, fm_ws3_decode.cu consumer_p1o): FA3-style overlap in the scoring
+warpgroup 0, which waits for tile i + 1 and issues its scores S_{i+1} (same item) before running softmax_i on S_i, so
+the tensor pipe has work queued while it runs the softmax ("oa": S_{i+1} goes out early only if tile i + 1 has
+already landed, else behind P_i V_i if it has by then, else in ws3p1's order: warpgroup 0 never waits for the
+producer early, which with a 2-stage ring would serialise the gather of tile i + 1 with tile i's compute).
+"ws3p1oam" / "ws3p1voam" (opt 234 / 248): "oa" with the P exchange off the named barrier (warpgroup 1 waits on an
+mbarrier warpgroup 0 arrives on after writing P, so warpgroup 0 never waits for warpgroup 1 inside an item; the new
+waits trap after 2^26 polls instead of hanging). Per-warpgroup setmaxnreg 88 / 240 / 176. Same math and order:
+bit-identical to "ws3p1l" (BF16) / "ws3p1v" (FP8) (`WS3P_OVL_BASE`). Not in `VARIANTS`; `sparse_attn_ws` and `probe`
+accept them.
+
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
 (triton_split_attn's Triton combine).
@@ -84,6 +97,8 @@ __all__ = [
     "VARIANTS",
     "WS3P_BIT_EXACT",
     "WS3P_OPTS",
+    "WS3P_OVL_BASE",
+    "WS3P_OVL_OPTS",
     "WS3P_OPT_VARIANTS",
     "WS3P_VEC_BASE",
     "WS3P_VEC_OPTS",
@@ -107,6 +122,7 @@ __all__ = [
     "ws3p_available",
     "ws3p_grid",
     "ws3p_opt_available",
+    "ws3p_ovl_available",
     "ws3p_vec_available",
 ]
 
@@ -139,7 +155,21 @@ WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose
 OPT_VEC = 16  # kOptVec: the lane-uniform FP8 producer (fp8v_tile)
 WS3P_VEC_OPTS = {"ws3p1v": 8 | OPT_VEC}
 WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal bit for bit
-_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS}  # every persistent (ws3p family) variant
+# session 10: name -> (BF16 opt, FP8 opt) of the kOptOverlap builds (`_C.sparse_decode_ws3p_ovl`; kOptOverlap 32,
+# kOptOvlAdapt 64, kOptPBar 128 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per
+# cache) bit for bit.
+OPT_OVL, OPT_OVL_ADAPT, OPT_PBAR = 32, 64, 128
+WS3P_OVL_OPTS = {
+    "ws3p1o": (10 | OPT_OVL, 8 | OPT_VEC | OPT_OVL),
+    "ws3p1vo": (10 | OPT_OVL, 8 | OPT_VEC | OPT_OVL),
+    "ws3p1oa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
+    "ws3p1voa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
+    "ws3p1oam": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR),
+    "ws3p1voam": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR),
+}
+WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
+# every persistent (ws3p family) variant (the overlap builds under their BF16 opt; their launch picks per cache)
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS, **{k: v[0] for k, v in WS3P_OVL_OPTS.items()}}
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -230,6 +260,12 @@ def ws3p_vec_available() -> bool:
     """True when `_C` has ws3p's kOptVec build (`sparse_decode_ws3p_vec`, session 9 source: "ws3p1v")."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_vec")
+
+
+def ws3p_ovl_available() -> bool:
+    """True when `_C` has ws3p's kOptOverlap builds (`sparse_decode_ws3p_ovl`, session 10 source: "ws3p1o")."""
+    mod = _module()
+    return mod is not None and hasattr(mod, "sparse_decode_ws3p_ovl")
 
 
 def ws3_extra_available() -> bool:
@@ -371,6 +407,8 @@ def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
     if variant in WS3P_VEC_OPTS:
         entry = "sparse_decode_ws3p_vec"
+    if variant in WS3P_OVL_OPTS:
+        entry = "sparse_decode_ws3p_ovl"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
@@ -412,13 +450,12 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    known = variant in VARIANTS or variant in WS3P_VEC_OPTS
+    known = variant in VARIANTS or variant in WS3P_VEC_OPTS or variant in WS3P_OVL_OPTS
     if not known or ablation not in ablations_of(variant):
         allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
+        names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
         raise ValueError(
-            f"sparse_attn_ws: variant / ablation: expected one of {sorted(VARIANTS) + sorted(WS3P_VEC_OPTS)} / "
-            f"{allowed}, "
-            f"got {variant!r} / {ablation!r}"
+            f"sparse_attn_ws: variant / ablation: expected one of {names} / {allowed}, got {variant!r} / {ablation!r}"
         )
     if max_ctas is not None and (variant not in _WS3P_ALL or int(max_ctas) < 1):
         raise ValueError(
@@ -477,6 +514,8 @@ def sparse_attn_ws(
         if variant in WS3P_VEC_OPTS:
             entry = mod.sparse_decode_ws3p_vec
         opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
+        if variant in WS3P_OVL_OPTS:  # one name, a build per cache format
+            entry, opt = mod.sparse_decode_ws3p_ovl, (WS3P_OVL_OPTS[variant][int(fp8)],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
             t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
@@ -631,7 +670,7 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS)
+    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
     if not variant or any(v not in names for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
