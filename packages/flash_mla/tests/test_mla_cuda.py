@@ -258,7 +258,7 @@ def test_v4_shapes_cuda_gpu(t: int, fp8: bool, sink_mode: str) -> None:
 @pytest.mark.usefixtures("probed")
 @pytest.mark.parametrize("splits", [1, 3, 10])
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("merge", ["triton", "pdl", "last_cta", "pdl_wide", "pdl_narrow"])
+@pytest.mark.parametrize("merge", ["triton", "pdl", "last_cta", "pdl_wide"])
 def test_cuda_split_counts_gpu(splits: int, fp8: bool, merge: str) -> None:
     """Forced split counts: 1 (out / lse written by the kernel), 3 (uneven: 4 + 4 + 2 tiles), 10 (one tile each),
     under each merge of the partials (Triton combine, PDL combine kernel, last CTA)."""

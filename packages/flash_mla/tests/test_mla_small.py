@@ -72,17 +72,11 @@ def test_wave_plan_split_counts() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_combine_wide_compiles_for_sm90a_without_spills(tmp_path: pathlib.Path) -> None:
-    """fm_combine_wide.cu: two kernels (wide, narrow), no stack frame, no spills (their 8 / 16 loads in flight stay in
-    registers)."""
+    """fm_combine_wide.cu: one kernel, no stack frame, no spills (its 8 loads in flight stay in registers)."""
     out, props, regs = mc.nvcc_sm90a(_SRC / "fm_combine_wide.cu", tmp_path / "cw.o")
-    assert len(props) == 2 and len(regs) == 2, out[-2000:]
-    assert all(p == ("0", "0", "0") for p in props), props
-    assert max(regs) <= 128, regs
-
-
-def test_pdl_narrow_is_registered() -> None:
-    """Session 10: merge "pdl_narrow" maps to the kernel's merge code 4 and needs a _C of ABI 5."""
-    assert "pdl_narrow" in _CU.MERGES and _CU._MERGE_CODE["pdl_narrow"] == 4 and _CU._MERGE_ABI["pdl_narrow"] == 5
+    assert len(props) == 1 and len(regs) == 1, out[-2000:]
+    assert props[0] == ("0", "0", "0"), props
+    assert regs[0] <= 128, regs
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
@@ -123,9 +117,8 @@ def test_pdl_wide_decode_b2_gpu(fp8: bool, sink_mode: str) -> None:
     q, lists = q[:4], [lists[0][:4]]
     for splits in (None, 3):
         base = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge="pdl")
-        for merge in ("pdl_wide", "pdl_narrow"):
-            got = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge=merge)
-            _bit_equal(got, base, f"splits={splits} {merge}")
+        got = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge="pdl_wide")
+        _bit_equal(got, base, f"splits={splits}")
         _check(got, q, caches[:1], lists, sink, SCALE, (fp8,), gpu_p=True)
         mc.assert_empty_token(got, sink)
 
@@ -142,9 +135,8 @@ def test_pdl_wide_hca_split_counts_gpu(fp8: bool, splits: int) -> None:
     pdl_wide: bit-equal, and pdl_wide within tolerance of the reference (small sink: the mass is in the rows)."""
     q, caches, lists, sink = _hca_inputs(zlib.crc32(f"hcaw{fp8}{splits}".encode()), 130, "small")
     base = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge="pdl")
-    for merge in ("pdl_wide", "pdl_narrow"):
-        got = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge=merge)
-        _bit_equal(got, base, f"splits={splits} {merge}")
+    got = _cuda_call(q, caches, lists, sink, fp8, num_splits=splits, cuda_merge="pdl_wide")
+    _bit_equal(got, base, f"splits={splits}")
     _check(got, q, caches, lists, sink, SCALE, (fp8,), gpu_p=True)
 
 
@@ -152,9 +144,8 @@ def test_pdl_wide_hca_split_counts_gpu(fp8: bool, splits: int) -> None:
 @needs_c
 @pytest.mark.gpu
 @pytest.mark.usefixtures("probed")
-@pytest.mark.parametrize("merge", ["pdl_wide", "pdl_narrow"])
-def test_pdl_wide_cuda_graph_replay_gpu(merge: str) -> None:
-    """Captured once with pdl_wide / pdl_narrow (HCA-like, 65 splits), replayed on new q: equal to an eager pdl call."""
+def test_pdl_wide_cuda_graph_replay_gpu() -> None:
+    """Captured once with pdl_wide (HCA-like, 65 splits), replayed on new q: equal to an eager pdl call."""
     q, caches, lists, sink = _hca_inputs(zlib.crc32(b"graphw"), 130, "random")
     dev = torch.device("cuda")
     from deepinfer.flash_mla.backends.cuda import triton_split_attn as tsa
@@ -164,7 +155,7 @@ def test_pdl_wide_cuda_graph_replay_gpu(merge: str) -> None:
     lse = torch.empty(2, 64, device=dev)
 
     def call() -> None:
-        tsa.sparse_attn_split_triton(qd, kv, idx, sk, SCALE, out=out, lse_out=lse, kernel="cuda", cuda_merge=merge)
+        tsa.sparse_attn_split_triton(qd, kv, idx, sk, SCALE, out=out, lse_out=lse, kernel="cuda", cuda_merge="pdl_wide")
 
     call()  # warm-up (compiles nothing: the CUDA kernel, but loads the module)
     torch.cuda.synchronize()
@@ -189,7 +180,7 @@ def test_wave_plan_hca_one_token_gpu(fp8: bool) -> None:
     q, caches, lists, sink = _hca_inputs(zlib.crc32(f"wave{fp8}".encode()), 130, "large")
     q, lists = q[:1], [lists[0][:1]]
     base = _cuda_call(q, caches, lists, sink, fp8, num_splits=130, cuda_merge="pdl")
-    for merge in ("pdl", "pdl_wide", "pdl_narrow"):
+    for merge in ("pdl", "pdl_wide"):
         got = _cuda_call(q, caches, lists, sink, fp8, cuda_plan="wave", cuda_merge=merge)
         _bit_equal(got, base, f"wave {merge}")
     _check(got, q, caches, lists, sink, SCALE, (fp8,), gpu_p=True)

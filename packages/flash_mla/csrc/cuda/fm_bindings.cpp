@@ -22,8 +22,7 @@ static void sparse_decode(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t kv
   if (H <= 0) throw std::invalid_argument("sparse_decode: H must be >= 1, got " + std::to_string(H));
   if (topk < 0 || topk2 < 0) throw std::invalid_argument("sparse_decode: topk / topk2 must be >= 0");
   if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode: bad split plan");
-  if (merge < 0 || merge > 4)
-    throw std::invalid_argument("sparse_decode: merge must be 0, 1, 2, 3 or 4, got " + std::to_string(merge));
+  if (merge < 0 || merge > 3) throw std::invalid_argument("sparse_decode: merge must be 0, 1, 2 or 3");
   if (num_splits > 1 && merge == 2 && counters == 0)
     throw std::invalid_argument("sparse_decode: merge = 2 (last CTA) needs a zeroed int32 counter buffer");
   if (topk2 > 0 && (kv2 == 0 || idx2 == 0)) throw std::invalid_argument("sparse_decode: topk2 > 0 needs kv2 / idx2");
@@ -42,11 +41,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("sparse_decode", &sparse_decode,
         "Sparse MLA attention, 64 heads x 512 per CTA, wgmma, main + extra index lists (see fm_sparse_decode.cu). "
         "Pointers are data_ptr() ints, index / q / out / lse strides in elements, cache row strides in bytes; "
-        "merge: 0 partials only, 1 PDL combine kernel, 2 last CTA, 3 / 4 PDL wide / narrow combine kernel; prefetch_ahead: token distance of the L2 prefetch "
+        "merge: 0 partials only, 1 PDL combine kernel, 2 last CTA, 3 PDL wide combine kernel; prefetch_ahead: token distance of the L2 prefetch "
         "(0: off); kv_mode: 0 BF16 cache, 1 FP8 cache, 2 FP8 cache through the fp8v tile path (same bits as 1; ABI 4); "
         "stream = torch.cuda.current_stream().cuda_stream.");
   fm_register_ws(m);  // the warp-specialised kernels (fm_ws_*), bound in their own file
   m.def("smem_bytes", &fm_smem_bytes, "Dynamic shared memory per CTA (bytes) for the BF16 (False) / FP8 (True) cache");
-  m.attr("SPARSE_DECODE_ABI") = 5;  // extra list, byte row strides, merge modes (3: merge = 3), 4: kv_mode 2 (fp8v),
-                                    // 5: merge = 4 (narrow combine)
+  m.attr("SPARSE_DECODE_ABI") = 4;  // extra list, byte row strides, merge modes (3: merge = 3), 4: kv_mode 2 (fp8v)
 }

@@ -15,23 +15,20 @@ namespace fm {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// One warp's work item of the PDL merges: (token, head, 64 output dims), lane 2 of those dims; with kShift = 4
-// (the narrow wide merge, merge == 4) (token, head, 32 output dims), lane 1 dim: twice the warps for few tokens.
+// One warp's work item of the PDL merges: (token, head, 64 output dims), lane 2 of those dims.
 struct CombineItem {
   int lane, chunk, head;
   int64_t tok, row0;  // row0: the split-0 row of (tok, head); split s is row0 + s * H
 };
 
-// Item of warp (blockIdx.x * 8 + warp), 2^kShift chunks per head; false past the last one (warp-uniform, so
-// shuffles see full warps).
-template <int kShift = 3>
+// Item of warp (blockIdx.x * 8 + warp); false past the last one (warp-uniform, so shuffles see full warps).
 __device__ __forceinline__ bool combine_item(const Params& p, int64_t num_tokens, CombineItem& it) {
   it.lane = threadIdx.x & 31;
   const int64_t item = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (item >= num_tokens * p.H * (1 << kShift)) return false;
-  it.chunk = (int)(item & ((1 << kShift) - 1));
-  it.head = (int)((item >> kShift) % p.H);
-  it.tok = (item >> kShift) / p.H;
+  if (item >= num_tokens * p.H * 8) return false;
+  it.chunk = (int)(item & 7);
+  it.head = (int)((item >> 3) % p.H);
+  it.tok = (item >> 3) / p.H;
   it.row0 = it.tok * p.num_splits * (int64_t)p.H + it.head;
   return true;
 }
@@ -50,36 +47,21 @@ __device__ __forceinline__ float fold_sink(const Params& p, const float* __restr
   return m == -INFINITY ? 0.f : m;
 }
 
-// The head's lse (natural log) from lane 0 of chunk 0: -inf without any entry, the sink's logit when only the sink
-// counts. l_f: the merged weight sum including the sink's.
-__device__ __forceinline__ void combine_lse(const Params& p, const CombineItem& it, float l_f, float m, float m_valid,
-                                            float sink_h, float* __restrict__ lse) {
-  if (it.chunk == 0 && it.lane == 0) {
-    float lv = l_f > 0.f ? (m + log2f(l_f)) * kLn2 : -INFINITY;
-    if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
-    lse[it.tok * p.stride_lt + (int64_t)it.head * p.stride_lh] = lv;
-  }
-}
-
-// Normalise the merged sum a (2 dims of the item) by l_f (+ the sink's weight), store them as bf16, and the lse.
+// Normalise the merged sum a (2 dims of the item) by l_f (+ the sink's weight), store them as bf16, and the head's
+// lse (natural log) from lane 0 of chunk 0: -inf without any entry, the sink's logit when only the sink counts.
 __device__ __forceinline__ void combine_store(const Params& p, const CombineItem& it, float2 a, float l_f, float m,
                                               float m_valid, float sink_h, float sink2, __nv_bfloat16* __restrict__ out,
                                               float* __restrict__ lse) {
   if (p.has_sink) l_f += exp2f(sink2 - m);
-  const float so = l_f > 0.f ? 1.f / l_f : 0.f;
+  const bool has = l_f > 0.f;
+  const float so = has ? 1.f / l_f : 0.f;
   *reinterpret_cast<__nv_bfloat162*>(out + it.tok * p.stride_ot + (int64_t)it.head * p.stride_oh + it.chunk * 64 +
                                      2 * it.lane) = __floats2bfloat162_rn(a.x * so, a.y * so);
-  combine_lse(p, it, l_f, m, m_valid, sink_h, lse);
-}
-
-// combine_store for a narrow item (1 dim per lane, 32 per chunk): the same expressions per element.
-__device__ __forceinline__ void combine_store1(const Params& p, const CombineItem& it, float a, float l_f, float m,
-                                               float m_valid, float sink_h, float sink2, __nv_bfloat16* __restrict__ out,
-                                               float* __restrict__ lse) {
-  if (p.has_sink) l_f += exp2f(sink2 - m);
-  const float so = l_f > 0.f ? 1.f / l_f : 0.f;
-  out[it.tok * p.stride_ot + (int64_t)it.head * p.stride_oh + it.chunk * 32 + it.lane] = __float2bfloat16_rn(a * so);
-  combine_lse(p, it, l_f, m, m_valid, sink_h, lse);
+  if (it.chunk == 0 && it.lane == 0) {
+    float lv = has ? (m + log2f(l_f)) * kLn2 : -INFINITY;
+    if (p.has_sink && m_valid == -INFINITY) lv = sink_h;
+    lse[it.tok * p.stride_lt + (int64_t)it.head * p.stride_lh] = lv;
+  }
 }
 
 }  // namespace fm

@@ -7,7 +7,7 @@
 namespace fm {
 
 // Launches combine_wide_kernel with cfg (grid, block, stream and the PDL attribute set by the caller, as for
-// combine_kernel) on a's partials; narrow: the 32-dim items of merge 4 (twice the grid). Returns a cudaError_t code.
-int launch_combine_wide(const LaunchArgs& a, cudaLaunchConfig_t* cfg, bool narrow);
+// combine_kernel) on a's partials; returns a cudaError_t code.
+int launch_combine_wide(const LaunchArgs& a, cudaLaunchConfig_t* cfg);
 
 }  // namespace fm

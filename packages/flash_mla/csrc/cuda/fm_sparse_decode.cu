@@ -31,8 +31,7 @@
 // programmatic dependent launch (PDL: its CTAs start on the idle SMs while this kernel runs and wait in
 // griddepcontrol.wait, so no launch gap), 2 = by the last CTA of each (token, head block) to finish (an atomic
 // counter per token; one launch, the last CTA reads the other splits' partials from L2), 3 = by
-// `combine_wide_kernel` (PDL as 1, the same result bit for bit, fewer serial L2 round trips), 4 = its narrow form
-// (32-dim items: twice the warps for few tokens; same bits).
+// `combine_wide_kernel` (PDL as 1, the same result bit for bit, fewer serial L2 round trips).
 // Holes: any index outside [0, n_rows) is skipped (row zero-filled, score -inf), so NaN in unused cache slots
 // never enters the math; a tile without any valid row is skipped whole (exact: it would change nothing).
 // Heads: ceil(H / 64) head blocks; a partial last block zero-fills its missing q rows and stores nothing for them.
@@ -657,7 +656,7 @@ static int launch_combine(const LaunchArgs& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (a.p.merge >= 3) return launch_combine_wide(a, &cfg, a.p.merge == 4);  // fm_combine_wide.cu
+  if (a.p.merge == 3) return launch_combine_wide(a, &cfg);  // fm_combine_wide.cu
   return (int)cudaLaunchKernelEx(&cfg, combine_kernel, reinterpret_cast<const float*>(a.part_o),
                                  reinterpret_cast<const float*>(a.part_lse), reinterpret_cast<const float*>(a.sink),
                                  reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), a.p,
@@ -681,7 +680,7 @@ static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
       reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), reinterpret_cast<float*>(a.part_o),
       reinterpret_cast<float*>(a.part_lse), reinterpret_cast<int*>(a.counters), p);
   e = cudaGetLastError();
-  if (e != cudaSuccess || p.num_splits == 1 || (p.merge != 1 && p.merge < 3)) return (int)e;
+  if (e != cudaSuccess || p.num_splits == 1 || (p.merge != 1 && p.merge != 3)) return (int)e;
   return launch_combine(a, stream);
 }
 

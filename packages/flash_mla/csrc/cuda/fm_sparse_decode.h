@@ -12,7 +12,7 @@ struct Params {
   int num_splits;       // splits per token (1: out / lse written directly)
   int tiles_per_split;  // 64-row tiles per split
   int has_sink;         // sink != nullptr
-  int merge;            // num_splits > 1: 0 partials only (caller merges), 1 / 3 / 4 PDL combine (serial / wide / narrow), 2 last CTA
+  int merge;            // num_splits > 1: 0 partials only (caller merges), 1 / 3 PDL combine (serial / wide), 2 last CTA
   int prefetch_ahead;   // > 0: split 0 of token i prefetches token i + prefetch_ahead's indices and q into L2
   float qk_scale;       // softmax_scale * log2(e)
   int64_t num_tokens;   // query tokens of the launch

@@ -20,9 +20,7 @@ Small-batch plans (named, measured side by side by the benchmark; DEFAULT_OPTION
   partials; per-device counter buffer, so concurrent calls on two streams of one device must not use it);
   "pdl_wide" (session 7, `csrc/cuda/fm_combine_wide.cu`): the PDL combine with the same arithmetic in the same
   order (bit-equal to "pdl") but its L2 reads batched: 32 splits' lse per warp load, 8 partial rows in flight,
-  where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M); "pdl_narrow"
-  (session 10, merge code 4): the same kernel with 32-dim items (1 dim per lane, 16 partial rows in flight), twice
-  the warps, for calls of one or two tokens (bit-equal to "pdl_wide");
+  where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M);
 * FP8 tile path ("fp8_path", FP8 caches only): "stage" (8-byte cp.async of the raw 584-byte rows into a staging
   buffer, then a shared -> shared dequantisation pass) or "vec" (session 9, `fp8v`: each thread loads its 7 e4m3
   16-byte units + 2 RoPE chunks of the tile straight into registers, converts them with ws3p kOptVec's dequant8v
@@ -64,10 +62,9 @@ _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.flash_mla"
 BLOCK_H, BLOCK_N, HEAD_DIM = 64, 64, 512
 _ABI = 2  # fm_bindings.cpp SPARSE_DECODE_ABI this wrapper calls (extra list, byte row strides, merge modes)
 PLANS = ("default", "fine", "auto", "wave")
-MERGES = ("triton", "pdl", "last_cta", "pdl_wide", "pdl_narrow")
-_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3, "pdl_narrow": 4}
-# merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
-_MERGE_ABI = {"pdl_wide": 3, "pdl_narrow": 5}
+MERGES = ("triton", "pdl", "last_cta", "pdl_wide")
+_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3}
+_MERGE_ABI = {"pdl_wide": 3}  # merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
 FP8_PATHS = ("stage", "vec")  # FP8 tile path: kv_mode 1 / 2 of fm_bindings.cpp sparse_decode
 _FP8_PATH_ABI = {"vec": 4}  # paths that need a newer _C than _ABI
 FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] fp32 per split) cost more to merge
