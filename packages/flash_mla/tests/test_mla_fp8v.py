@@ -86,15 +86,21 @@ def test_ws3p1v_table() -> None:
     (True, True, True, "ws3p1v"), (True, False, True, "ws3p1"), (True, True, False, "ws3p1l"),
     (False, True, True, "ws3"),
 ])  # fmt: skip
+@pytest.mark.parametrize("ovl", [False, True])
 def test_default_variant_prefers_ws3p1v_on_fp8(
-    opt: bool, vec: bool, fp8: bool, want: str, monkeypatch: pytest.MonkeyPatch
+    opt: bool, vec: bool, fp8: bool, want: str, ovl: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From 64 tokens without an extra cache the FP8 default is ws3p1v when `_C` has it (session 9: bit-equal to ws3p1,
-    1.14-1.27x), else ws3p1; the BF16 default stays ws3p1l; without the option builds (and no ws3p) it is ws3."""
+    1.14-1.27x), else ws3p1; the BF16 default stays ws3p1l; without the option builds (and no ws3p) it is ws3. Since
+    session 10 that holds at 64..127 tokens whatever `_C` has, and from 128 (`WS3P_OVL_MIN_TOKENS`) only for a `_C`
+    without the overlap builds (with them: ws3p1voa / ws3p1oa, test_mla_ws3_default.py)."""
     monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: opt)
     monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
+    monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: ovl)
     monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
-    assert _WS.default_variant(256, False, fp8) == want
+    assert _WS.default_variant(127, False, fp8) == want
+    big = ("ws3p1voa" if fp8 else "ws3p1oa") if ovl and opt else want
+    assert _WS.default_variant(256, False, fp8) == big
     assert _WS.default_variant(32, False, fp8) == "ws3"
 
 

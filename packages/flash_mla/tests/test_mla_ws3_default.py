@@ -8,10 +8,13 @@ kernel, kernel="cuda_ws3" forces ws3; `_dispatch.kernel_for` names what runs.
 CPU: the routing decision with stand-in kernels (availability / supports monkeypatched, as test_mla_cuda.py's
 kernel_for test does): thresholds, extra cache, formats, stale `_C`, forced names, out / lse_out / num_splits passed
 through, the public decode / prefill forms.
+Session 10: from `WS3P_OVL_MIN_TOKENS` (128) tokens the default is the adaptive overlap build (ws3p1oa on a BF16
+cache, ws3p1voa on FP8) when `_C` has it; 64..127 tokens keep ws3p1l / ws3p1v; a stale `_C` keeps today's choice.
 GPU: the public API at t >= 32 (decode b 32 x s_q 1 and b 16 x s_q 2, prefill t 64; BF16 and FP8 caches; holes of
 every kind, NaN in unused slots, NaN-poisoned out, a token without any valid index) runs ws3 once and matches the
 reference and the float64 oracle; t = 31 and extra-cache calls run the serial kernel, correctly; 128 heads (two head
-blocks) through ws3.
+blocks) through ws3; from 128 tokens (decode b 64 x s_q 2, prefill t 200) the overlap build runs once, bit-equal to
+its base called directly and within the probe's bound of the reference.
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ def compiled_present(monkeypatch: pytest.MonkeyPatch) -> None:
     # CPU tests do not depend on the `_C` of the machine that runs them
     monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
     monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: False)
+    monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: False)
+    monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: False)
+
+
+def _c_has(monkeypatch: pytest.MonkeyPatch, opt: bool, vec: bool, ovl: bool, ws3p: bool = True) -> None:
+    """Pretend `_C` has (or lacks) the ws3p family's builds: plain ws3p, the option builds, kOptVec, the overlap."""
+    monkeypatch.setattr(_WS, "ws3p_available", lambda: ws3p)
+    monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: opt)
+    monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
+    monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: ovl)
 
 
 class _Recorder:
@@ -94,6 +107,81 @@ def test_ws3_min_tokens_is_32() -> None:
     """The measured threshold (session 5: ws3 faster from b 32 x s_q 1 up, the serial kernel at 1..4 tokens)."""
     assert _WS.WS3_MIN_TOKENS == 32
     assert "cuda_ws3" in _K.KERNELS and "cuda" in _K.KERNELS and set(_K.COMPILED_KERNELS) == {"cuda", "cuda_ws3"}
+
+
+def test_ws3p_ovl_min_tokens_is_128() -> None:
+    """Session 10 (2026-12-01-s10-bench-fm_overlap.json): the overlap builds 0.994 / 0.999x their base at 64 tokens,
+    1.006-1.022x from 128: the default switches at 128."""
+    assert _WS.WS3P_OVL_MIN_TOKENS == 128 and _WS.WS3P_MIN_TOKENS == 64 < _WS.WS3P_OVL_MIN_TOKENS
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_default_variant_overlap_from_128_tokens(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `_C` with every build: ws3 below 64 tokens and with an extra cache, ws3p1l / ws3p1v at 64..127 tokens,
+    ws3p1oa / ws3p1voa from 128 (prefill sizes too)."""
+    _c_has(monkeypatch, opt=True, vec=True, ovl=True)
+    base, ovl = ("ws3p1v", "ws3p1voa") if fp8 else ("ws3p1l", "ws3p1oa")
+    want = {32: "ws3", 63: "ws3", 64: base, 127: base, 128: ovl, 129: ovl, 256: ovl, 4096: ovl, 16384: ovl}
+    assert {t: _WS.default_variant(t, False, fp8) for t in want} == want
+    assert _WS.default_variant(4096, True, fp8) == "ws3"  # the engine's extra-cache call: no ws3p form
+    assert ovl in _WS.WS3P_OVL_OPTS and base == _WS.WS3P_OVL_BASE[int(fp8)]  # the name the wrapper runs
+
+
+@pytest.mark.parametrize(("opt", "vec", "ovl", "ws3p", "want_bf16", "want_fp8"), [
+    (True, True, False, True, "ws3p1l", "ws3p1v"),  # a session-9 `_C` (no overlap builds): today's choice
+    (True, False, False, True, "ws3p1l", "ws3p1"),  # a session-6..8 `_C`
+    (False, False, False, True, "ws3p", "ws3p"),  # only the persistent ws3p
+    (False, False, False, False, "ws3", "ws3"),  # ws3 only
+    (False, False, True, False, "ws3", "ws3"),  # (inconsistent: the overlap builds need the option builds' base)
+])  # fmt: skip
+def test_default_variant_stale_c_falls_back(
+    opt: bool, vec: bool, ovl: bool, ws3p: bool, want_bf16: str, want_fp8: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `_C` without the overlap builds keeps the pre-session-10 default at every size from 64 tokens."""
+    _c_has(monkeypatch, opt=opt, vec=vec, ovl=ovl, ws3p=ws3p)
+    for t in (64, 127, 128, 4096):
+        assert _WS.default_variant(t, False, False) == want_bf16, t
+        assert _WS.default_variant(t, False, True) == want_fp8, t
+
+
+@pytest.mark.usefixtures("compiled_present")
+def test_kernel_for_names_overlap_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher's routing table (`_dispatch.kernel_for`, the name `sparse_attn_split_triton` runs) at 64 / 127 /
+    128 / 4096 tokens for both caches with a current `_C`, and with a stale one (no overlap builds)."""
+    kv, fp8 = _bf16(100, 512), torch.zeros(100, 584, dtype=torch.uint8)
+    _c_has(monkeypatch, opt=True, vec=True, ovl=True)
+    table = {64: ("cuda_ws3p1l", "cuda_ws3p1v"), 127: ("cuda_ws3p1l", "cuda_ws3p1v"),
+             128: ("cuda_ws3p1oa", "cuda_ws3p1voa"), 4096: ("cuda_ws3p1oa", "cuda_ws3p1voa")}  # fmt: skip
+    q = {t: torch.empty(t, 64, 512, dtype=torch.bfloat16) for t in (*table, 31)}  # shapes only: no values read
+    for t, (want_bf16, want_fp8) in table.items():
+        assert _dispatch.kernel_for(q[t], kv, None) == want_bf16, t
+        assert _dispatch.kernel_for(q[t], fp8, None) == want_fp8, t
+    assert _dispatch.kernel_for(q[31], kv, None) == "cuda"
+    assert _dispatch.kernel_for(q[128], kv, _bf16(3, 512)) == "cuda"  # extra cache: the serial kernel
+    monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: False)  # a stale `_C`
+    for t in table:
+        assert _dispatch.kernel_for(q[t], kv, None) == "cuda_ws3p1l", t
+        assert _dispatch.kernel_for(q[t], fp8, None) == "cuda_ws3p1v", t
+
+
+@pytest.mark.usefixtures("compiled_present")
+def test_split_triton_runs_overlap_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sparse_attn_split_triton(kernel=None)` at 128 tokens hands `sparse_attn_ws` variant="ws3p1oa" (BF16) /
+    "ws3p1voa" (FP8) once, with the caller's out / lse_out / num_splits."""
+    _c_has(monkeypatch, opt=True, vec=True, ovl=True)
+    seen: list[tuple[str, int | None]] = []
+
+    def fake_ws(q, kv, idx, sink, scale, *, out=None, lse_out=None, num_splits=None, variant="ws", **kw):  # noqa: ANN001, ANN202
+        seen.append((variant, num_splits))
+        return out, lse_out
+
+    monkeypatch.setattr(_WS, "sparse_attn_ws", fake_ws)
+    q, idx = _bf16(128, 64, 512), torch.randint(-1, 100, (128, 24), dtype=torch.int32)
+    for kv, want in ((_bf16(100, 512), "ws3p1oa"), (torch.zeros(100, 584, dtype=torch.uint8), "ws3p1voa")):
+        out, lse = torch.empty(128, 64, 512, dtype=torch.bfloat16), torch.empty(128, 64)
+        o, s = _K.sparse_attn_split_triton(q, kv, idx, None, SCALE, out=out, lse_out=lse, num_splits=2)
+        assert o is out and s is lse and seen[-1] == (want, 2), seen
+    assert len(seen) == 2
 
 
 @pytest.mark.usefixtures("compiled_present")
@@ -155,9 +243,11 @@ def test_split_triton_runs_ws3_and_passes_arguments(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.usefixtures("compiled_present")
-def test_forced_ws3_refuses_with_reason() -> None:
+def test_forced_ws3_refuses_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """kernel="cuda_ws3" raises ValueError naming the reason (extra cache, head count, Triton-only options); the
     default then takes the serial kernel (or, with config, the Triton kernel: `compiled_kernel_for` says so)."""
+    # a `_C` without the ws3 extra entry point (else ws3 takes the extra cache), whatever `_C` this machine has
+    monkeypatch.setattr(_WS, "ws3_extra_available", lambda: False)
     kv, q = _bf16(100, 512), _bf16(32, 64, 512)
     idx = torch.zeros(32, 8, dtype=torch.int32)
     with pytest.raises(ValueError, match="kernel='cuda_ws3'.*extra_kv"):
@@ -274,8 +364,8 @@ def _api(form: str, q, caches, lists, sink, b: int, s_q: int, fp8: bool):  # noq
 @pytest.mark.parametrize("fp8", [False, True])
 def test_api_default_runs_ws3_gpu(form: str, b: int, s_q: int, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """t = b * s_q >= 32 without an extra cache: kernel_for names `default_variant`'s kernel (ws3 below 64 tokens, the
-    ws3p family from 64: ws3p1l on BF16, ws3p1v on FP8 since session 9), it runs exactly once (the serial kernel
-    never), and
+    ws3p family from 64: ws3p1l on BF16, ws3p1v on FP8 since session 9; from 128 the overlap builds:
+    test_api_default_runs_overlap_gpu), it runs exactly once (the serial kernel never), and
     the result matches the reference and the float64 oracle (640 indices, holes of every kind, NaN in unused slots,
     token 1 without any valid index: exact zeros and lse = sink)."""
     _probed()
@@ -347,3 +437,44 @@ def test_api_default_ws3_two_head_blocks_gpu(fp8: bool, monkeypatch: pytest.Monk
     assert o is out and kind == "cuda_ws3" and cnt.names == ["ws:ws3"], (kind, cnt.names)
     _check((o, lse), q, [cache], [idx], sink, SCALE, (fp8,), gpu_p=True)
     mc.assert_empty_token((o, lse), sink)
+
+
+@gpu
+@needs_ws3
+@pytest.mark.gpu
+@pytest.mark.parametrize(("form", "b", "s_q"), [("decode", 64, 2), ("prefill", 200, 1)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_api_default_runs_overlap_gpu(form: str, b: int, s_q: int, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 10: t = b * s_q >= WS3P_OVL_MIN_TOKENS (128) without an extra cache: the public call runs the overlap
+    build (ws3p1oa BF16 / ws3p1voa FP8) exactly once, its out / lse bit-for-bit those of its base (ws3p1l / ws3p1v)
+    called directly on the same plan, within the probe's bound of the reference (640 ragged indices into 16,384 rows,
+    holes of every kind, NaN wherever no index points, NaN-poisoned out, token 1 without a valid index: exact zeros
+    and lse = sink)."""
+    from test_mla_fp8v import _bits_differ, _ragged_inputs
+
+    from deepinfer.flash_mla import reference
+
+    probe = importlib.import_module("deepinfer.flash_mla.backends.cuda._cuda_probe")
+    if not _WS.ws3p_ovl_available():
+        pytest.skip("_C without sparse_decode_ws3p_ovl (rebuild)")
+    t = b * s_q
+    want, base = ("ws3p1voa", "ws3p1v") if fp8 else ("ws3p1oa", "ws3p1l")
+    assert _WS.default_variant(t, False, fp8) == want
+    ok, out = _WS.probe(variant=f"{base},{want}")
+    if not ok:
+        pytest.skip(f"{base} / {want} probe failed: {out[-300:]}")
+    q, bf, idx, sink = _ragged_inputs(t, "random", 5400 + t + fp8)
+    cnt = _Counter(monkeypatch)
+    o, lse, qd, used = _api(form, q, [bf], [idx], sink, b, s_q, fp8)
+    kind = _dispatch.kernel_for(qd, used[0], None)
+    print(f"{form} b={b} s_q={s_q} fp8={fp8}: kernel_for={kind} calls={cnt.names}")
+    assert kind == f"cuda_{want}" and cnt.names == [f"ws:{want}"], (kind, cnt.names)
+    ic, sd = idx.cuda(), sink.cuda()
+    ref_base = _WS.sparse_attn_ws(qd, used[0], ic, sd, SCALE, variant=base)
+    torch.cuda.synchronize()
+    why = _bits_differ((o, lse), ref_base)
+    assert why is None, f"{want} via the API != {base}: {why}"
+    ro, rl = reference.sparse_attn(qd, used[0], ic, sd, SCALE)
+    why = probe.mismatch(o, lse, ro, rl)
+    assert why is None, f"{want} vs reference: {why}"
+    mc.assert_empty_token((o.cpu(), lse.cpu()), sink)

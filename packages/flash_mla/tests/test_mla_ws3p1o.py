@@ -1,12 +1,14 @@
-"""ws3p's kOptOverlap builds (session 10): `sparse_attn_ws(..., variant="ws3p1o" / "ws3p1vo" / "ws3p1oa" /
-"ws3p1voa")` -> `_C.sparse_decode_ws3p_ovl` -> fm_ws3_decode.cu's ws3p_decode_kernel<false, 42 / 106> (BF16: ws3p1l +
-kOptOverlap [+ kOptOvlAdapt]) or <true, 56 / 120> (FP8: ws3p1v + kOptOverlap [+ kOptOvlAdapt]). The scoring
-warpgroup issues S_{i+1} before softmax_i (o: waiting for its tile; oa: only if its tile has landed, else behind P_i V_i
-or in ws3p1's order): the same math in the same order, so the results must be BIT-IDENTICAL to ws3p1l (BF16 cache) /
-ws3p1v (FP8 cache).
+"""ws3p's adaptive overlap builds (session 10; the API default from 128 tokens): `sparse_attn_ws(...,
+variant="ws3p1oa" / "ws3p1voa")` (the same builds) -> `_C.sparse_decode_ws3p_ovl` -> fm_ws3_decode.cu's
+ws3p_decode_kernel<false, 106> (BF16: ws3p1l + kOptOverlap + kOptOvlAdapt) or <true, 120> (FP8: ws3p1v + the same).
+The scoring warpgroup issues S_{i+1} before softmax_i only if its tile has landed, else behind P_i V_i or in ws3p1's
+order: the same math in the same order, so the results must be BIT-IDENTICAL to ws3p1l (BF16 cache) / ws3p1v (FP8
+cache). (Session 10's blocking "ws3p1o" / "ws3p1vo" and P-mbarrier "ws3p1oam" / "ws3p1voam" builds were measured
+slower and removed: the names are refused.)
 
-CPU: the variant table, the wrapper's routing (stand-in `_C`), the .cu / binding instances, the benchmark script's
-smoke run. (The sm_90a compile of the new instances: tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_...)
+CPU: the variant table, the wrapper's routing (stand-in `_C`), the .cu / binding instances, the removed code paths,
+the benchmark script's smoke run. (The sm_90a compile of the instances:
+tests/test_mla_ws.py::test_ws3_source_compiles_for_sm90a_...)
 GPU (`-m gpu`; run this file in its own pytest process): the probe (a child process with a timeout: a hang cannot
 take the run down), then bit-for-bit against the default on decode b 2..132 x s_q 1 / 2 and prefill t 256 (ragged
 valid counts, holes of every kind, all-hole tiles, NaN wherever no index points, auto / 1 / 3 splits, a 7-CTA
@@ -48,18 +50,13 @@ needs_ovl = pytest.mark.skipif(not _WS.ws3p_ovl_available(), reason="_C without 
 
 
 def test_ws3p1o_table() -> None:
-    """Opt bits: BF16 = ws3p1l (10) + kOptOverlap 32 [+ kOptOvlAdapt 64], FP8 = ws3p1v (24) + the same; bases per
+    """Opt bits: BF16 = ws3p1l (10) + kOptOverlap 32 + kOptOvlAdapt 64, FP8 = ws3p1v (24) + the same; bases per
     cache; the names are accepted by the wrapper's checks (kernel only: no ablation modes) and by probe."""
-    assert _WS.WS3P_OVL_OPTS == {
-        "ws3p1o": (42, 56),
-        "ws3p1vo": (42, 56),
-        "ws3p1oa": (106, 120),
-        "ws3p1voa": (106, 120),
-        "ws3p1oam": (234, 248),
-        "ws3p1voam": (234, 248),
-    }
+    assert _WS.WS3P_OVL_OPTS == {"ws3p1oa": (106, 120), "ws3p1voa": (106, 120)}
     assert _WS.WS3P_OVL_BASE == ("ws3p1l", "ws3p1v")
-    assert _WS.WS3P_OPTS["ws3p1l"] | _WS.OPT_OVL == 42 and _WS.WS3P_VEC_OPTS["ws3p1v"] | _WS.OPT_OVL == 56
+    both = _WS.OPT_OVL | _WS.OPT_OVL_ADAPT
+    assert _WS.WS3P_OPTS["ws3p1l"] | both == 106 and _WS.WS3P_VEC_OPTS["ws3p1v"] | both == 120
+    assert not hasattr(_WS, "OPT_PBAR")
     for v in OVL:
         assert _WS.ablations_of(v) == ("full",) and _WS.block_rows(v) == 64
         assert v not in _WS.VARIANTS  # the session-6 table stays as pinned
@@ -81,9 +78,9 @@ def _fake_c() -> tuple[type, list]:
 
 
 def test_ws3p1o_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BF16 cache: `_C.sparse_decode_ws3p_ovl` with ws3p's arguments, fp8 False and opt 42 (oa: 106); FP8 cache: fp8
-    True and opt 56 (oa: 120); max_ctas passed; a bad ablation is a ValueError; a `_C` without the entry point is a
-    RuntimeError saying to rebuild."""
+    """BF16 cache: `_C.sparse_decode_ws3p_ovl` with ws3p's arguments, fp8 False and opt 106; FP8 cache: fp8 True and
+    opt 120 (both names); max_ctas passed; a bad ablation and a removed name are ValueErrors (wrapper and probe); a
+    `_C` without the entry point is a RuntimeError saying to rebuild."""
     fake, calls = _fake_c()
     monkeypatch.setattr(_WS, "_module", lambda: fake)
     monkeypatch.setattr(_WS, "supports", lambda q, kv: None)
@@ -93,37 +90,40 @@ def test_ws3p1o_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
     idx = torch.randint(0, 2048, (256, 640), dtype=torch.int32)
     fp8 = torch.randint(0, 256, (2048, 584), dtype=torch.uint8)
     bf16 = torch.randn(2048, 512).bfloat16()
-    want = {}
-    for v, (bf16_opt, fp8_opt) in {"ws3p1o": (42, 56), "ws3p1oa": (106, 120), "ws3p1oam": (234, 248)}.items():
-        for name in (v, v.replace("ws3p1", "ws3p1v")):
-            want[(name, False)], want[(name, True)] = bf16_opt, fp8_opt
+    want = {(v, is_fp8): (120 if is_fp8 else 106) for v in ("ws3p1oa", "ws3p1voa") for is_fp8 in (False, True)}
     for (v, is_fp8), opt in want.items():
         _WS.sparse_attn_ws(q, fp8 if is_fp8 else bf16, idx, None, SCALE, variant=v, max_ctas=5)
         kind, args = calls[-1]
         assert kind == "ovl" and args[8:13] == (256, 64, 640, 1, 10), (v, kind, args[8:13])
         assert args[-4:] == (is_fp8, 5, opt, 7), (v, is_fp8, args[-4:])
-    with pytest.raises(ValueError, match="ws3p1o"):
-        _WS.sparse_attn_ws(q, bf16, idx, None, SCALE, variant="ws3p1o", ablation="producer")
-    with pytest.raises(ValueError, match="probe: variant"):
-        _WS.probe(variant="ws3p1o,ws3p1x")
+    with pytest.raises(ValueError, match="ws3p1oa"):
+        _WS.sparse_attn_ws(q, bf16, idx, None, SCALE, variant="ws3p1oa", ablation="producer")
+    for gone in ("ws3p1o", "ws3p1vo", "ws3p1oam", "ws3p1voam"):  # session 10's losing builds: removed
+        with pytest.raises(ValueError, match="variant"):
+            _WS.sparse_attn_ws(q, bf16, idx, None, SCALE, variant=gone)
+        with pytest.raises(ValueError, match="probe: variant"):
+            _WS.probe(variant="ws3p1oa," + gone)
     del fake.sparse_decode_ws3p_ovl
     with pytest.raises(RuntimeError, match="rebuild"):
-        _WS.sparse_attn_ws(q, bf16, idx, None, SCALE, variant="ws3p1o")
+        _WS.sparse_attn_ws(q, bf16, idx, None, SCALE, variant="ws3p1oa")
 
 
 def test_ws3p1o_instances_match_wrapper() -> None:
     """fm_ws3_decode.cu instantiates exactly the wrapper's opts per cache (in its own launcher, not in the kOptVec
-    translation unit), with per-warpgroup setmaxnreg adding up to the launch allocation; the binding checks them."""
+    translation unit) and no removed one, with per-warpgroup setmaxnreg adding up to the launch allocation; the
+    binding checks them; the removed code paths (kOptPBar's mbarrier exchange and its watchdog wait, the blocking
+    form's WHEN 0 branch) are gone."""
     src = (_SRC / "fm_ws3_decode.cu").read_text()
     for bf16_opt, fp8_opt in _WS.WS3P_OVL_OPTS.values():
         assert f"case {bf16_opt}: return launch_persist<false, {bf16_opt}>" in src, bf16_opt
         assert f"case {fp8_opt}: return launch_persist<true, {fp8_opt}>" in src, fp8_opt
+    for gone in (42, 56, 234, 248):
+        assert f"launch_persist<false, {gone}>" not in src and f"launch_persist<true, {gone}>" not in src, gone
+    for gone in ("kOptPBar =", "mbar_wait_wd", "p_full", "WHEN", "PBAR"):
+        assert gone not in src, gone
     assert "kOvlRegsWg0 = 240, kOvlRegsWg1 = 176" in src and "128 * 88 + 128 * kOvlRegsWg0" in src
     binding = (_SRC / "fm_ws_bindings.cpp").read_text()
-    assert (
-        '"sparse_decode_ws3p_ovl"' in binding
-        and "(opt == 56 || opt == 120 || opt == 248) : (opt == 42 || opt == 106 || opt == 234)" in binding
-    )
+    assert '"sparse_decode_ws3p_ovl"' in binding and "fp8 ? opt == 120 : opt == 106" in binding
     assert "int fm_ws3p_launch_ovl(" in (_SRC / "fm_ws3_decode.h").read_text()
 
 
@@ -135,11 +135,13 @@ def test_bench_fm_overlap_smoke(tmp_path: pathlib.Path) -> None:
     spec.loader.exec_module(bench)
     res = tmp_path / "r.json"
     recs = bench.run(True, str(res))
-    assert len(recs) == 16 and not any("error" in r for r in recs), recs
+    assert len(recs) == 8 and not any("error" in r for r in recs), recs
     assert all(r["bit_equal_base"] for r in recs if r["variant"] != r["base"]), recs
     text = bench.table(str(res))
-    for v in ("ws3p1l", "ws3p1o", "ws3p1oa", "ws3p1oam", "ws3p1v", "ws3p1vo", "ws3p1voa", "ws3p1voam"):
+    for v in ("ws3p1l", "ws3p1oa", "ws3p1v", "ws3p1voa"):
         assert text.count(f"| {v} |") == 2, (v, text)
+    for gone in ("ws3p1o", "ws3p1oam", "ws3p1vo", "ws3p1voam"):
+        assert f"| {gone} |" not in text, (gone, text)
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
@@ -156,7 +158,7 @@ def _run(variant: str, q, kv, idx, sink, **kw) -> tuple[torch.Tensor, torch.Tens
 
 
 def _probe_or_skip() -> None:
-    ok, why = _WS.probe(variant=",".join(OVL[::2]))  # ws3p1o, ws3p1oa, ws3p1oam (the v names: the same builds)
+    ok, why = _WS.probe(variant=",".join(OVL[::2]))  # ws3p1oa (ws3p1voa: the same builds)
     if not ok:
         pytest.skip(f"ws3p1o probe failed (test_ws3p1o_probe_gpu): {why[-300:]}")
 
@@ -191,7 +193,7 @@ def test_ws3p1o_probe_gpu() -> None:
 )
 def test_ws3p1o_bit_equal_default_gpu(cache: str, t: int, splits: int | None, ctas: int | None, sink_mode: str) -> None:
     """Ragged valid counts (all-hole tiles at every token's tail and a whole hole tile 64..127 on every 3rd token),
-    holes of every kind, token 1 without a valid index, NaN / 0xFF rows wherever no index points: every overlap build's
+    holes of every kind, token 1 without a valid index, NaN / 0xFF rows wherever no index points: the overlap build's
     out / lse bit-for-bit the default's (ws3p1l BF16 / ws3p1v FP8) on the same plan and grid, all within the probe's
     bound of the reference, token 1 exactly 0 / lse = sink."""
     _probe_or_skip()

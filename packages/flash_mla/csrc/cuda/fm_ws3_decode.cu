@@ -117,31 +117,25 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     so every STS.128 wavefront is bank-conflict free. SASS per tile and producer warp (nvcc 13.0): ~1,069 executed
 //     instructions, 671 static (fp8_tile: ~1,776 both). Same bits as without it. (The session-7 kOptCvt /
 //     kOptCvtHalf builds, ws3p1c / ws3p1h, 0.89-0.97x, were removed in session 9.)
-//   kOptOverlap (session 10; with kOptOneScorer only: opt 42 = ws3p1l + kOptOverlap on BF16 "ws3p1o", 56 = ws3p1v +
-//     kOptOverlap on FP8 "ws3p1vo"; fm_ws3p_launch_ovl): FA3-style intra-warpgroup overlap in the scoring warpgroup 0
-//     (consumer_p1o): per tile i it waits for tile i + 1 of the same item, ISSUES S_{i+1} (committed, not waited for),
-//     runs softmax_i on S_i already in registers, publishes P_i, issues P_i V_i, then one wgmma.wait_group 0 (groups
-//     complete in order: S_{i+1} and P_i V_i both done; the count is 0 on every path) releases stage i. The tensor
-//     pipe thus has S_{i+1} queued while warpgroup 0 runs the softmax. Only within an item (the next item has
-//     another Q): the item's first S is issued and waited for before its loop. Warpgroup 0 holds two score sets
+//   kOptOverlap + kOptOvlAdapt (session 10; with kOptOneScorer only, always together: opt 106 = ws3p1l + both on
+//     BF16 "ws3p1oa", 120 = ws3p1v + both on FP8 "ws3p1voa"; fm_ws3p_launch_ovl): FA3-style intra-warpgroup overlap
+//     in the scoring warpgroup 0 (consumer_p1o): per tile i, if tile i + 1 of the same item has ALREADY landed
+//     (non-blocking test voted over the warpgroup) it ISSUES S_{i+1} (committed, not waited for) before running
+//     softmax_i on S_i already in registers, else behind P_i V_i if landed by then, else in ws3p1's order; it never
+//     waits for tile i + 1 early. Why: with two stages, tile i + 1's gather only starts when stage i - 1 is released
+//     (end of tile i - 1), so a blocking wait before softmax_i serialises the gather with tile i's compute whenever
+//     the producer is not much faster than the consumers. The tensor pipe thus has S_{i+1} queued while warpgroup 0
+//     runs the softmax. Only within an item (the next item has another Q). Warpgroup 0 holds two score sets
 //     (2 x 32) next to its O half: per-warpgroup setmaxnreg 88 (producer) / 240 (warpgroup 0) / 176 (warpgroup 1:
-//     O half + fragments; 232 / 184 left 8 spilled bytes in the FP8 adaptive build's producer).
-//     Same math and order as ws3p1: bit-identical to ws3p1l (BF16) / ws3p1v (FP8).
-//   kOptOvlAdapt (with kOptOverlap: 106 BF16 "ws3p1oa", 120 FP8 "ws3p1voa"): never waits for tile i + 1 early:
-//     S_{i+1} before softmax_i if tile i + 1 has already landed (non-blocking test voted over the warpgroup), else
-//     behind P_i V_i if landed by then, else ws3p1's order. Why: with two stages, tile i + 1's gather only starts when
-//     stage i - 1 is released (end of tile i - 1), so a blocking wait before softmax_i serialises the gather with
-//     tile i's compute whenever the producer is not much faster than the consumers. Same bits. (A third form, S_{i+1}
-//     always issued behind P_i V_i with a blocking wait, spilled in every arrangement tried: not built.)
-//   kOptPBar (with kOptOverlap + kOptOvlAdapt: 234 BF16 "ws3p1oam", 248 FP8 "ws3p1voam"): the P exchange off the
-//     named barrier. Warpgroup 0 arrives on an mbarrier p_full[i & 1] (count 128, in the EXTRA-only flag words past
-//     the single-cache layout) after writing P_i / alpha_i / m_i and syncs only its own 128 threads before its P_i V_i;
-//     warpgroup 1 waits on p_full instead of the barrier, so warpgroup 0 never waits for warpgroup 1 inside an item.
-//     Before writing P_i into the buffer of P_{i-2}, warpgroup 0 waits for stage (i - 2)'s release (the empty barrier
-//     both warpgroups arrive on after their P_{i-2} V_{i-2}: warpgroup 1 has read P_{i-2} and alpha_{i-2}). The new
-//     waits have a watchdog (trap after 2^26 try_wait polls: seconds, not a hang). Same bits.
+//     O half + fragments; 232 / 184 left 8 spilled bytes in the FP8 build's producer). Same math and order as
+//     ws3p1: bit-identical to ws3p1l (BF16) / ws3p1v (FP8). H200 (session 10, benchmarks/results/
+//     2026-12-01-s10-bench-fm_overlap.json) x its base: 0.994-0.999 at 64 tokens, 1.006-1.022 from 128 tokens and
+//     at prefill: the API default from 128 tokens. (Session 10 also measured and removed the blocking form, S_{i+1}
+//     always before softmax_i, "ws3p1o" / "ws3p1vo", 0.90-0.97x, and the P exchange on an mbarrier instead of the
+//     named barrier, kOptPBar "ws3p1oam" / "ws3p1voam", never above the adaptive form. A third form, S_{i+1} always
+//     issued behind P_i V_i with a blocking wait, spilled in every arrangement tried: never built.)
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
-              kOptOvlAdapt = 64, kOptPBar = 128;
+              kOptOvlAdapt = 64;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -247,7 +241,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   }
 }
-// Non-blocking: whether the phase with this parity has completed (acquire, as mbar_wait). (mbar_wait_wd below.)
+// Non-blocking: whether the phase with this parity has completed (acquire, as mbar_wait).
 __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
@@ -256,22 +250,6 @@ __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
       : "r"(bar), "r"(parity)
       : "memory");
   return done != 0;
-}
-// mbar_wait with a watchdog (kOptPBar's new waits): traps after 2^26 try_wait polls instead of hanging the GPU.
-// (The loop is one asm block: a C++ loop around mbar_test with a counter made ptxas spill ~1 KiB in these builds.)
-__device__ __forceinline__ void mbar_wait_wd(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
-      "WD_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra WD_DONE_%=;\n"
-      "add.u32 n, n, 1;\n"
-      "setp.lt.u32 p, n, %2;\n"
-      "@p bra WD_WAIT_%=;\n"
-      "trap;\n"
-      "WD_DONE_%=:\n}\n" ::"r"(bar),
-      "r"(parity), "n"(1 << 26)
-      : "memory");
 }
 // AND of v over the 128 threads of one warpgroup (named barrier id, 128 threads, with a reduction): a decision every
 // thread of the warpgroup takes alike, as the .sync.aligned wgmma instructions that follow it require.
@@ -1286,15 +1264,13 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
   }
 }
 
-// kOptOverlap consumers (consumer_p1's item loop, barriers and epilogue; one function per warpgroup WG, each after
-// its own setmaxnreg). Warpgroup 0 issues the next tile's scores S_{g+1} (same item only: same Q), WHEN: 0
-// (kOptOverlap) before softmax_g, waiting for tile g + 1 if it has not landed; 2 (+ kOptOvlAdapt) before softmax_g if
-// tile g + 1 has ALREADY landed (a
-// non-blocking test voted over the warpgroup: the .sync.aligned wgmma need one decision), else behind P_g V_g if it
-// has landed by then, else at the top of iteration g + 1 as ws3p1 does (after the release of stage g, so the producer
-// is never held up). Behind P_g V_g: wait_group 1 releases stage g as soon as P_g V_g is done, then wait_group 0
-// (constant counts on each path). S_{g+1} lands in sn and is moved to s after the waits. Warpgroup 1 as in
-// consumer_p1.
+// kOptOverlap + kOptOvlAdapt consumers (consumer_p1's item loop, barriers and epilogue; one function per warpgroup
+// WG, each after its own setmaxnreg). Warpgroup 0 issues the next tile's scores S_{g+1} (same item only: same Q)
+// before softmax_g if tile g + 1 has ALREADY landed (a non-blocking test voted over the warpgroup: the .sync.aligned
+// wgmma need one decision), else behind P_g V_g if it has landed by then, else at the top of iteration g + 1 as
+// ws3p1 does (after the release of stage g, so the producer is never held up). Behind P_g V_g: wait_group 1 releases
+// stage g as soon as P_g V_g is done, then wait_group 0 (constant counts on each path). S_{g+1} lands in sn and is
+// moved to s after the waits. Warpgroup 1 as in consumer_p1.
 // Warpgroup 0: wait for tile gn, then issue S_gn = Q K_gn^T into sn (32 x m64n64k16), committed (not waited for).
 __device__ __forceinline__ void issue_next_scores(float* sn, uint32_t q_base, uint32_t ring_base, uint32_t bar_full,
                                                   uint32_t gn) {
@@ -1306,12 +1282,12 @@ __device__ __forceinline__ void issue_next_scores(float* sn, uint32_t q_base, ui
   issue_scores64(sn, q_base, ring_base + sn_st * kStageBytes);
   wg_commit();
 }
-// WHEN 2: whether tile gn has landed, voted over warpgroup 0 (AND: issue only when every thread sees it).
+// Whether tile gn has landed, voted over warpgroup 0 (AND: issue only when every thread sees it).
 __device__ __forceinline__ bool tile_landed_wg0(uint32_t bar_full, uint32_t gn) {
   return wg_all<kBarWg0>(mbar_test(bar_full + 8 * (gn % kStages), (gn / kStages) & 1));
 }
 
-template <bool LAZY, int WHEN, bool PBAR, int WG>
+template <bool LAZY, int WG>
 __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16* q, const float* sink,
                                              __nv_bfloat16* out, float* lse, float* part_o, float* part_lse,
                                              const Params& p, int64_t items, int tid, uint32_t bar_full,
@@ -1319,7 +1295,6 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
   const int lane = tid & 31;
   const int r0 = ((tid & 127) >> 5) * 16 + (lane >> 2);
   const uint32_t q_base = smem_u32(smem + Smem::q), ring_base = smem_u32(smem + Smem::ring);
-  const uint32_t p_full = smem_u32(smem + Smem::any);  // PBAR: uint64 [2] (P parity)
   const int n_tiles = (p.topk + kBN - 1) / kBN;
   uint32_t g = 0;
   bool q_loaded = false;
@@ -1338,14 +1313,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 1: l_run stays 0 (finish adds it)
-    bool have = WHEN == 0;  // warpgroup 0: S_g already in s (issued early, complete)
-    if constexpr (WG == 0 && WHEN == 0) {
-      if (it.n > 0) {  // the item's first scores: nothing to overlap them with (its Q just landed)
-        issue_next_scores(s, q_base, ring_base, bar_full, g);
-        wg_wait<0>();
-        reg_fence<32>(s);
-      }
-    }
+    bool have = false;  // warpgroup 0: S_g already in s (issued early, complete)
     for (int i = 0; i < it.n; ++i, ++g) {
       const int st = g % kStages;
       const uint32_t kv_base = ring_base + st * kStageBytes;
@@ -1357,33 +1325,21 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
       float alpha[2];
       mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
       if constexpr (WG == 0) {
-        if (WHEN != 0 && !have) {  // the item's first S, or S_g could not go out early: ws3p1's order (WHEN 0:
-          issue_next_scores(sn, q_base, ring_base, bar_full, g);  // always early; WHEN 2: every S goes into sn)
+        if (!have) {  // the item's first S, or S_g could not go out early: ws3p1's order (every S goes into sn)
+          issue_next_scores(sn, q_base, ring_base, bar_full, g);
           wg_wait<0>();
           reg_fence<32>(sn);
 #pragma unroll
           for (int k = 0; k < 32; ++k) s[k] = sn[k];
         }
-        if (more) pre = WHEN == 0 || tile_landed_wg0(bar_full, g + 1);
+        if (more) pre = tile_landed_wg0(bar_full, g + 1);
         if (pre) issue_next_scores(sn, q_base, ring_base, bar_full, g + 1);
-        if constexpr (PBAR) {  // P / xr buffer g & 1 is free once warpgroup 1 released stage g - 2 (P V done)
-          if (g >= 2) mbar_wait_wd(bar_empty + 8 * st, ((g >> 1) - 1) & 1);
-        }
         softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
         lazy_rescale<LAZY>(acc, alpha);
-        fence_async_smem();  // P (generic stores) -> wgmma (async proxy)
-        if constexpr (PBAR) {
-          mbar_arrive(p_full + 8 * (g & 1));  // P_g, alpha_g, m_g published to warpgroup 1 (release)
-          named_bar(kBarWg0, 128);            // and the whole P_g written for this warpgroup's own P V
-        } else {
-          named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
-        }
+        fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
+        named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
       } else {
-        if constexpr (PBAR) {
-          mbar_wait_wd(p_full + 8 * (g & 1), (g >> 1) & 1);
-        } else {
-          named_bar(kBarConsumers, kConsumers);
-        }
+        named_bar(kBarConsumers, kConsumers);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           alpha[h] = xr[r0 + 8 * h];
@@ -1404,7 +1360,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
       issue_pv(acc, smem_u32(p_tile), kv_base, WG);
       wg_commit();
       bool late = false;  // warpgroup 0: S_{g+1} issued behind P_g V_g
-      if constexpr (WG == 0 && WHEN == 2) {
+      if constexpr (WG == 0) {
         if (more && !pre) late = tile_landed_wg0(bar_full, g + 1);
         if (late) {
           issue_next_scores(sn, q_base, ring_base, bar_full, g + 1);
@@ -1421,7 +1377,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
 #pragma unroll
           for (int k = 0; k < 32; ++k) s[k] = sn[k];
         }
-        have = WHEN == 0 || pre || late;
+        have = pre || late;
       }
       if (!late) mbar_arrive(bar_empty + 8 * st);
     }
@@ -1430,7 +1386,8 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
   }
 }
 
-// kOptOverlap's register split (setmaxnreg per warpgroup; .inc only takes what the producer's .dec gave back).
+// kOptOverlap + kOptOvlAdapt's register split (setmaxnreg per warpgroup; .inc only takes what the producer's .dec
+// gave back).
 constexpr int kOvlRegsWg0 = 240, kOvlRegsWg1 = 176;
 static_assert(128 * 88 + 128 * kOvlRegsWg0 + 128 * kOvlRegsWg1 == 384 * 168, "setmaxnreg budget");
 
@@ -1444,28 +1401,20 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB alignment (as ws3)
   const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
   const int tid = threadIdx.x;
-  static_assert((OPT & kOptPBar) == 0 || (OPT & kOptOverlap) != 0, "kOptPBar: kOptOverlap builds only");
-  if constexpr ((OPT & kOptPBar) != 0) {  // kOptPBar's P barriers (warpgroup 0's 128 arrivals per tile)
-    if (tid == 0) {
-      mbar_init(smem_u32(smem + Smem::any), 128);
-      mbar_init(smem_u32(smem + Smem::any) + 8, 128);
-    }
-  }
   init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);  // (tid 0's fence.mbarrier_init covers both)
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     producer_p<FP8, OPT>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
   } else if constexpr ((OPT & kOptOverlap) != 0) {
     static_assert((OPT & kOptOneScorer) != 0 && (OPT & (kOptEarlyS | kOptWideFp8)) == 0, "kOptOverlap: ws3p1 only");
+    static_assert((OPT & kOptOvlAdapt) != 0, "kOptOverlap: the adaptive form only (the blocking one was removed)");
     constexpr bool kLazy = (OPT & kOptLazy) != 0;
-    constexpr int kWhen = (OPT & kOptOvlAdapt) != 0 ? 2 : 0;
-    constexpr bool kPBar = (OPT & kOptPBar) != 0;
     if (tid < 128) {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOvlRegsWg0));
-      consumer_p1o<kLazy, kWhen, kPBar, 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+      consumer_p1o<kLazy, 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOvlRegsWg1));
-      consumer_p1o<kLazy, kWhen, kPBar, 1>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+      consumer_p1o<kLazy, 1>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
@@ -1481,7 +1430,7 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
 // max_ctas > 0 caps the grid (tests: several items per CTA at small sizes); 0: one CTA per SM of the current device.
 template <bool FP8, int OPT = 0>
 static int launch_persist(const LaunchArgs& a, int max_ctas, cudaStream_t stream) {
-  const int smem = ((OPT & kOptPBar) != 0 ? Smem::total_extra : Smem::total) + 1024;  // + alignment slack
+  const int smem = Smem::total + 1024;  // + alignment slack
   auto kern = ws3p_decode_kernel<FP8, OPT>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return (int)e;
@@ -1539,22 +1488,18 @@ static int launch_persist_vec(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   }
 }
 #else
-// kOptOverlap builds (session 10; fm_ws3p_launch_ovl): BF16 42 / 106 / 234 (ws3p1l + overlap [+ adaptive [+ P
-// mbarrier]]), FP8 56 / 120 / 248 (ws3p1v + the same).
+// kOptOverlap + kOptOvlAdapt builds (session 10; fm_ws3p_launch_ovl): BF16 106 (ws3p1l + both), FP8 120 (ws3p1v +
+// both).
 template <bool FP8>
 static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
   if constexpr (FP8) {
     switch (opt) {
-      case 56: return launch_persist<true, 56>(a, max_ctas, s);
       case 120: return launch_persist<true, 120>(a, max_ctas, s);
-      case 248: return launch_persist<true, 248>(a, max_ctas, s);
       default: return (int)cudaErrorInvalidValue;
     }
   } else {
     switch (opt) {
-      case 42: return launch_persist<false, 42>(a, max_ctas, s);
       case 106: return launch_persist<false, 106>(a, max_ctas, s);
-      case 234: return launch_persist<false, 234>(a, max_ctas, s);
       default: return (int)cudaErrorInvalidValue;
     }
   }

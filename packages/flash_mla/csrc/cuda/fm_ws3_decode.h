@@ -44,11 +44,10 @@ int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int o
 // ws3p's kOptVec build (session 9, fm_ws3v_decode.cu; NOT GPU-run before its session-9 measuring run): opt 24 =
 // ws3p1 (8) + kOptVec (16), the lane-uniform FP8 producer (fp8v_tile), bit-identical to opt 8. FP8 only: fp8 false
 // (or another opt) returns cudaErrorInvalidValue (the BF16 cache has no dequant: run opt 8 via fm_ws3p_launch_opt).
-// ws3p's kOptOverlap builds (session 10, fm_ws3_decode.cu consumer_p1o; NOT GPU-run before the session-10 measuring
-// run): FA3-style overlap in the scoring warpgroup (S_{i+1} issued before softmax_i), bit-identical to their base.
-// BF16: opt 42 = ws3p1l + kOptOverlap (32), 106 = + kOptOvlAdapt (64: S_{i+1} early only if tile i + 1 has landed);
-// FP8: 56 = ws3p1v (24) + kOptOverlap, 120 = + kOptOvlAdapt; 234 (BF16) / 248 (FP8) = 106 / 120 + kOptPBar (128: the P
-// exchange on an mbarrier instead of the named barrier; its waits trap after 2^26 polls).
-// Another (fp8, opt) returns cudaErrorInvalidValue.
+// ws3p's adaptive overlap builds (session 10, fm_ws3_decode.cu consumer_p1o; GPU-run in session 10, the API default
+// from 128 tokens): FA3-style overlap in the scoring warpgroup (S_{i+1} issued before softmax_i once tile i + 1 has
+// landed), bit-identical to their base. BF16: opt 106 = ws3p1l (10) + kOptOverlap (32) + kOptOvlAdapt (64); FP8: 120 =
+// ws3p1v (24) + the same. Another (fp8, opt) returns cudaErrorInvalidValue (session 10's blocking 42 / 56 and
+// P-mbarrier 234 / 248 builds were removed: slower).
 int fm_ws3p_launch_ovl(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
 int fm_ws3p_launch_vec(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);

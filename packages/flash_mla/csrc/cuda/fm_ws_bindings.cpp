@@ -132,9 +132,8 @@ static void sparse_decode_ws3p_vec(uintptr_t q, uintptr_t kv, uintptr_t idx, uin
                              "): " + fm_ws_error_string(rc));
 }
 
-// ws3p's kOptOverlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o): sparse_decode_ws3p_opt's
-// arguments; opt BF16 42 (ws3p1l + overlap) / 106 (+ adaptive) / 234 (+ P mbarrier), FP8 56 (ws3p1v + overlap) / 120
-// (+ adaptive) / 248 (+ P mbarrier).
+// ws3p's adaptive overlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o):
+// sparse_decode_ws3p_opt's arguments; opt BF16 106 (ws3p1l + adaptive overlap), FP8 120 (ws3p1v + the same).
 static void sparse_decode_ws3p_ovl(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
                                    uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
                                    int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
@@ -144,10 +143,9 @@ static void sparse_decode_ws3p_ovl(uintptr_t q, uintptr_t kv, uintptr_t idx, uin
   if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: H must be a positive multiple of 64");
   if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: bad split plan");
   if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: max_ctas must be >= 0 (0: one CTA per SM)");
-  const bool ok = fp8 ? (opt == 56 || opt == 120 || opt == 248) : (opt == 42 || opt == 106 || opt == 234);
+  const bool ok = fp8 ? opt == 120 : opt == 106;
   if (!ok)
-    throw std::invalid_argument(std::string("sparse_decode_ws3p_ovl: opt must be 42 / 106 / 234 (BF16) or ") +
-                                "56 / 120 / 248 (FP8), got " +
+    throw std::invalid_argument(std::string("sparse_decode_ws3p_ovl: opt must be 106 (BF16) or 120 (FP8), got ") +
                                 std::to_string(opt) + (fp8 ? " with fp8" : " with bf16"));
   if (num_splits > 1 && (part_o == 0 || part_lse == 0))
     throw std::invalid_argument("sparse_decode_ws3p_ovl: num_splits > 1 needs the part_o / part_lse workspaces");
@@ -192,8 +190,7 @@ void fm_register_ws(pybind11::module_& m) {
         "ws3p's kOptVec build (session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
         "24 = ws3p1 (8) with the lane-uniform FP8 producer (16); results bit-identical to opt 8.");
   m.def("sparse_decode_ws3p_ovl", &sparse_decode_ws3p_ovl,
-        "ws3p's kOptOverlap builds (session 10, fm_ws3_decode.cu consumer_p1o: the scoring warpgroup issues S_{i+1} "
-        "before softmax_i): sparse_decode_ws3p_opt's arguments, opt BF16 42 / 106 / 234 (bit-identical to opt 10), FP8 56 / "
-        "120 / 248 (bit-identical to sparse_decode_ws3p_vec's 24); 106 / 120 issue S_{i+1} early only once its tile "
-        "has landed; 234 / 248 also exchange P through an mbarrier.");
+        "ws3p's adaptive overlap builds (session 10, fm_ws3_decode.cu consumer_p1o: the scoring warpgroup issues "
+        "S_{i+1} before softmax_i once its tile has landed): sparse_decode_ws3p_opt's arguments, opt BF16 106 "
+        "(bit-identical to opt 10), FP8 120 (bit-identical to sparse_decode_ws3p_vec's 24).");
 }

@@ -7,7 +7,8 @@ the kernel differs inside a CTA (design notes at the top of the .cu file): a pro
 tiles into a 4-stage shared-memory ring (FP8 rows dequantised to bf16 by the producer), two consumer warpgroups run
 only wgmma and the softmax, scores split over d, P in registers, P @ V of tile i overlapping the scores and softmax of
 tile i + 1. For calls without an extra cache the API default runs ws3 from `WS3_MIN_TOKENS` (32) query tokens and the
-ws3p family from `WS3P_MIN_TOKENS` (64; `default_variant`: ws3p1l on a BF16 cache, ws3p1 on FP8)
+ws3p family from `WS3P_MIN_TOKENS` (64; `default_variant`: ws3p1l on a BF16 cache, ws3p1v on FP8) and its adaptive
+overlap builds from `WS3P_OVL_MIN_TOKENS` (128: ws3p1oa on a BF16 cache, ws3p1voa on FP8)
 (`triton_split_attn.sparse_attn_split_triton(kernel=None)` asks `ws3_default_for`; kernel="cuda_ws3" forces ws3);
 ws / ws2 run only when called directly (the benchmark's `cuda_ws[2][_fp8]` rows, `--all-variants`).
 
@@ -40,7 +41,7 @@ block) at a static stride, its producer's ring runs on into the next item's firs
 while the consumers finish the current one. `max_ctas=` caps the grid (tests: several items per CTA).
 
 ws3p options (session 6, GPU-tested there; `variant=` "ws3pw" / "ws3pl" / "ws3pe" / "ws3px"; the default picks
-"ws3p1l" (BF16) / "ws3p1" (FP8) from `WS3P_MIN_TOKENS`):
+"ws3p1l" (BF16) / "ws3p1v" (FP8; "ws3p1" without the kOptVec build) from `WS3P_MIN_TOKENS`):
 ws3p compiled with option flags (`WS3P_OPTS`, fm_ws3_decode.cu kOpt*; `_C.sparse_decode_ws3p_opt`), each keeping
 ws3p's results bit for bit: "ws3pw" the FP8 producer loads all 16 rows of a warp before storing (one load round trip
 per tile instead of two; 120 / 192 producer / consumer registers; BF16: ws3p itself), "ws3pl" O *= alpha skipped by a
@@ -51,25 +52,24 @@ a tile (m64n64k16: fewer shared-memory operand reads than two warpgroups' m64n32
 named barrier per tile instead of two), warpgroup 1 only rescales its O half and runs its P @ V; "ws3p1l" ws3p1 with
 ws3pl's lazy rescale (bit-identical to ws3p1).
 
-ws3p kOptVec build (session 9, NOT yet GPU-run; `variant="ws3p1v"`, `WS3P_VEC_OPTS`, `_C.sparse_decode_ws3p_vec`,
+ws3p kOptVec build (session 9, GPU-tested there; `variant="ws3p1v"`, `WS3P_VEC_OPTS`, `_C.sparse_decode_ws3p_vec`,
 fm_ws3v_decode.cu): ws3p1 with a lane-uniform FP8 producer (fm_ws3_decode.cu fp8v_tile: lane u dequantises the row's
 16-byte e4m3 unit u with its own scale byte, no shuffles, no divergent branches, a separate RoPE pass, rows in batches
 of 4 with two in flight, the row loop not unrolled), bit-identical to ws3p1; on a BF16 cache (nothing to dequantise)
 it runs ws3p1 itself. Not in `VARIANTS` (the session-6 tests pin that table); `sparse_attn_ws` and `probe` accept it.
 (Session 7's "ws3p1c" / "ws3p1h" dequant builds, 0.89-0.97x ws3p1, were removed in session 9.)
 
-ws3p kOptOverlap builds (session 10, NOT yet GPU-run; `variant="ws3p1o"` / "ws3p1vo" (same builds: BF16 opt 42 =
-ws3p1l + overlap, FP8 opt 56 = ws3p1v + overlap), "ws3p1oa" / "ws3p1voa" (opt 106 / 120: the adaptive form),
-`WS3P_OVL_OPTS`, `_C.sparse_decode_ws3p_ovl`, fm_ws3_decode.cu consumer_p1o): FA3-style overlap in the scoring
-warpgroup 0, which waits for tile i + 1 and issues its scores S_{i+1} (same item) before running softmax_i on S_i, so
-the tensor pipe has work queued while it runs the softmax ("oa": S_{i+1} goes out early only if tile i + 1 has
-already landed, else behind P_i V_i if it has by then, else in ws3p1's order: warpgroup 0 never waits for the
+ws3p adaptive overlap builds (session 10, GPU-tested there; `variant="ws3p1oa"` / "ws3p1voa" (the same builds: BF16
+opt 106 = ws3p1l + kOptOverlap + kOptOvlAdapt, FP8 opt 120 = ws3p1v + the same), `WS3P_OVL_OPTS`,
+`_C.sparse_decode_ws3p_ovl`, fm_ws3_decode.cu consumer_p1o; the API default from `WS3P_OVL_MIN_TOKENS` (128) tokens):
+FA3-style overlap in the scoring warpgroup 0: when tile i + 1 (same item) has already landed it issues that tile's
+scores S_{i+1} before running softmax_i on S_i, so the tensor pipe has work queued while it runs the softmax; else
+S_{i+1} goes out behind P_i V_i if the tile has landed by then, else in ws3p1's order (warpgroup 0 never waits for the
 producer early, which with a 2-stage ring would serialise the gather of tile i + 1 with tile i's compute).
-"ws3p1oam" / "ws3p1voam" (opt 234 / 248): "oa" with the P exchange off the named barrier (warpgroup 1 waits on an
-mbarrier warpgroup 0 arrives on after writing P, so warpgroup 0 never waits for warpgroup 1 inside an item; the new
-waits trap after 2^26 polls instead of hanging). Per-warpgroup setmaxnreg 88 / 240 / 176. Same math and order:
-bit-identical to "ws3p1l" (BF16) / "ws3p1v" (FP8) (`WS3P_OVL_BASE`). Not in `VARIANTS`; `sparse_attn_ws` and `probe`
-accept them.
+Per-warpgroup setmaxnreg 88 / 240 / 176. Same math and order: bit-identical to "ws3p1l" (BF16) / "ws3p1v" (FP8)
+(`WS3P_OVL_BASE`). Not in `VARIANTS`; `sparse_attn_ws` and `probe` accept them. (Session 10 also measured and removed
+"ws3p1o" / "ws3p1vo", S_{i+1} always before softmax_i with a blocking wait for its tile, 0.90-0.97x their base, and
+"ws3p1oam" / "ws3p1voam", the adaptive form with the P exchange on an mbarrier, never faster than "oa".)
 
 Split plan: `plan_num_splits` on 64-row tiles (the same splits as the serial kernel, so timings compare), handed to
 the kernel in its own tiles (32 rows for ws / ws2, 64 for ws3); the partials are merged by `combine_splits`
@@ -155,17 +155,13 @@ WS3P_BIT_EXACT = ("ws3pw", "ws3pl", "ws3pe", "ws3px")  # the option builds whose
 OPT_VEC = 16  # kOptVec: the lane-uniform FP8 producer (fp8v_tile)
 WS3P_VEC_OPTS = {"ws3p1v": 8 | OPT_VEC}
 WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal bit for bit
-# session 10: name -> (BF16 opt, FP8 opt) of the kOptOverlap builds (`_C.sparse_decode_ws3p_ovl`; kOptOverlap 32,
-# kOptOvlAdapt 64, kOptPBar 128 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per
-# cache) bit for bit.
-OPT_OVL, OPT_OVL_ADAPT, OPT_PBAR = 32, 64, 128
+# session 10: name -> (BF16 opt, FP8 opt) of the adaptive overlap builds (`_C.sparse_decode_ws3p_ovl`; kOptOverlap
+# 32 + kOptOvlAdapt 64 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per cache) bit
+# for bit. Both names run the same pair of builds (the one of the call's cache format).
+OPT_OVL, OPT_OVL_ADAPT = 32, 64
 WS3P_OVL_OPTS = {
-    "ws3p1o": (10 | OPT_OVL, 8 | OPT_VEC | OPT_OVL),
-    "ws3p1vo": (10 | OPT_OVL, 8 | OPT_VEC | OPT_OVL),
     "ws3p1oa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
     "ws3p1voa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
-    "ws3p1oam": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR),
-    "ws3p1voam": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PBAR),
 }
 WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
 # every persistent (ws3p family) variant (the overlap builds under their BF16 opt; their launch picks per cache)
@@ -194,6 +190,13 @@ WS3_MIN_TOKENS = 32
 # 113.9 us; ws3 40.8 vs 40.5 at 64 tokens). Both GPU-tested against the reference and the float64 oracle (same math as
 # ws3p in another summation order). Below 64 tokens (not measured for them) ws3 stays.
 WS3P_MIN_TOKENS = 64
+# From this many query tokens the default runs the adaptive overlap builds (ws3p1oa on a BF16 cache, ws3p1voa on FP8)
+# instead of ws3p1l / ws3p1v, when `_C` has them (`ws3p_ovl_available`). Session 10 H200 run
+# (benchmarks/results/2026-12-01-s10-bench-fm_overlap.json; bit-equal to their base in every GPU test), x the base:
+# BF16 decode b 32 s_q 2 (64 tokens) 0.994, b 64 s_q 2 1.012, b 128 s_q 1 1.010, b 128 s_q 2 1.021, b 256 s_q 2 1.022,
+# prefill t 4,096 1.022, t 16,384 1.003; FP8 0.999 / 1.006 / 1.010 / 1.018 / 1.020, prefill 1.014 / 1.008. So 64..127
+# tokens keep ws3p1l / ws3p1v (0.994-0.999x at 64).
+WS3P_OVL_MIN_TOKENS = 128
 # "1": the default route (kernel=None) sends extra-cache calls (the engine's) of >= WS3_MIN_TOKENS tokens to ws3 as
 # well (`ws3_default_for`); unset / anything else: they run the serial kernel (the measured default). Read per call.
 WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
@@ -263,7 +266,7 @@ def ws3p_vec_available() -> bool:
 
 
 def ws3p_ovl_available() -> bool:
-    """True when `_C` has ws3p's kOptOverlap builds (`sparse_decode_ws3p_ovl`, session 10 source: "ws3p1o")."""
+    """True when `_C` has ws3p's adaptive overlap builds (`sparse_decode_ws3p_ovl`, session 10: "ws3p1oa")."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_ovl")
 
@@ -316,13 +319,17 @@ def ws3_default_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | 
 
 
 def default_variant(t: int, extra: bool = False, fp8: bool = False) -> str:
-    """The ws variant the API default runs for t query tokens once `ws3_default_for` holds: from WS3P_MIN_TOKENS
-    without an extra cache (the ws3p family has no extra-cache form) "ws3p1v" on an FP8 cache (session 9: bit-equal
-    to "ws3p1", 1.14-1.27x it on the H200; "ws3p1" when `_C` lacks the kOptVec build) / "ws3p1l" on BF16 when `_C`
-    has the option builds, "ws3p" when it has only ws3p; otherwise "ws3"."""
+    """The ws variant the API default runs for t query tokens once `ws3_default_for` holds. Without an extra cache
+    (the ws3p family has no extra-cache form): from WS3P_OVL_MIN_TOKENS (128) the adaptive overlap builds "ws3p1voa"
+    (FP8 cache) / "ws3p1oa" (BF16) when `_C` has them (session 10: bit-equal to ws3p1v / ws3p1l, 1.003-1.022x them on
+    the H200 from 128 tokens, 0.994-0.999x at 64); otherwise, and from WS3P_MIN_TOKENS (64), "ws3p1v" on an FP8 cache
+    (session 9: bit-equal to "ws3p1", 1.14-1.27x it; "ws3p1" when `_C` lacks the kOptVec build) / "ws3p1l" on BF16
+    when `_C` has the option builds, "ws3p" when it has only ws3p; below 64 tokens or with an extra cache "ws3"."""
     if t < WS3P_MIN_TOKENS or extra:
         return "ws3"
     if ws3p_opt_available():
+        if t >= WS3P_OVL_MIN_TOKENS and ws3p_ovl_available():  # (a `_C` with them has the option builds too)
+            return "ws3p1voa" if fp8 else "ws3p1oa"
         if fp8:
             return "ws3p1v" if ws3p_vec_available() else "ws3p1"
         return "ws3p1l"
