@@ -53,12 +53,12 @@ def _cases(smoke: bool) -> tuple[list[tuple[int, int, int, int, int]], list[tupl
     return dec, [(4096, 512, 128), (16384, 512, 128)]
 
 
-def _fns(smoke: bool) -> dict:
-    """name -> fn(q, kv, idx, sink) -> (out, lse). Smoke (CPU): the reference under every name (a stand-in: checks
-    this script's plumbing, not the kernels)."""
+def _fns(smoke: bool, rows: dict) -> dict:
+    """name -> fn(q, kv, idx, sink) -> (out, lse) for every variant of `rows`. Smoke (CPU): the reference under every
+    name (a stand-in: checks this script's plumbing, not the kernels)."""
     from deepinfer.flash_mla import reference
 
-    names = [v for vs in ROWS.values() for v in vs]
+    names = [v for vs in rows.values() for v in vs]
     if smoke:
         return {v: (lambda q, kv, i, s: reference.sparse_attn(q, kv, i, s, SCALE)) for v in names}
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
@@ -92,7 +92,8 @@ def _finish(recs: dict, outs: dict, base: str, op: str, b: int, flops: float, nb
 
 
 def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, caches: dict, cfg: dict) -> list[dict]:
-    """Every variant of both caches on one case, A B B A per cache; a record per variant (error on failure)."""
+    """Every variant of cfg["rows"] (cache -> (base, variants...)) on one case, A B B A per cache; a record per
+    variant (error on failure). caches: cache name -> the cache tensor of that format."""
     import kernelkit as kk
 
     t, k = idx.shape[0] * (idx.shape[1] if idx.dim() == 3 else 1), idx.shape[-1]
@@ -104,10 +105,10 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, caches: dict, cfg: di
     valid = int((idx2 >= 0).sum())
     flops = 2 * H * valid * (D + D)
     shape = f"b={b} s_q={s_q} k={k}" if op == "decode" else f"t={t} k={k}"
-    fns = _fns(cfg["smoke"])
+    fns = _fns(cfg["smoke"], cfg["rows"])
     out: list[dict] = []
-    for cache, kv in caches.items():
-        names = ROWS[cache]
+    for cache, names in cfg["rows"].items():
+        kv = caches[cache]
         recs = {v: {"op": op, "shape": shape, "impl": f"cuda_{v}_{cache}", "variant": v, "cache": cache,
                     "base": names[0], "b": b, "s_q": s_q, "t": t, "topk": k, "valid": valid,
                     "runs_us": []} for v in names}  # fmt: skip
@@ -145,20 +146,26 @@ def _summary(rec: dict) -> str:
     )
 
 
-def run(smoke: bool, out_path: str | None) -> list[dict]:
+def run(
+    smoke: bool, out_path: str | None, rows: dict | None = None, cases: tuple | None = None, script: str | None = None
+) -> list[dict]:
+    """Time every case (`_cases`, or `cases` = (decode cases, prefill cases)) for `rows` (default ROWS); records to
+    out_path after every case. bench_fm_fp8v.py runs its session-9 rows through here."""
     import kernelkit as kk
     from deepinfer.flash_mla import api
 
+    rows = ROWS if rows is None else rows
     dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
-    cfg = {"smoke": smoke, "warmup": 1 if smoke else 5, "rep": 2 if smoke else 30}
+    cfg = {"smoke": smoke, "warmup": 1 if smoke else 5, "rep": 2 if smoke else 30, "rows": rows}
     g = torch.Generator(device=dev).manual_seed(0)
-    dec, pre = _cases(smoke)
+    dec, pre = _cases(smoke) if cases is None or smoke else cases
     region = max(c[2] + c[4] for c in dec)
     t0 = time.time()
     bf16 = torch.randn(max(c[0] for c in dec) * region, D, generator=g, device=dev).bfloat16()
     caches = {"bf16": bf16, "fp8": api.pack_fp8_kv(bf16)}
     _log(f"caches: {bf16.shape[0]} rows in {time.time() - t0:.1f} s")
-    meta = {"package": "flash_mla", "script": "bench_fm_overlap", "smoke": smoke, "rows": ROWS, "heads": H, "d": D}
+    meta = {"package": "flash_mla", "script": script or "bench_fm_overlap", "smoke": smoke, "rows": rows, "heads": H,
+            "d": D}  # fmt: skip
     records: list[dict] = []
     for b, s_q, n_comp, k_comp, win in dec:
         idx = decode_indices(b, s_q, n_comp, k_comp, win, region, g)
@@ -178,7 +185,11 @@ def run(smoke: bool, out_path: str | None) -> list[dict]:
 
 def table(path: str) -> str:
     """Markdown: per case and cache, each variant's us, TFLOPS, x the default, x FlashMLA and bit-equality."""
-    recs = json.loads(pathlib.Path(path).read_text())["records"]
+    return table_of(json.loads(pathlib.Path(path).read_text())["records"])
+
+
+def table_of(recs: list[dict]) -> str:
+    """`table` of records already loaded."""
     lines = [
         "| op | shape | cache | variant | us | TFLOPS | x default | x FlashMLA | bits = default |",
         "|---|---|---|---|---|---|---|---|---|",

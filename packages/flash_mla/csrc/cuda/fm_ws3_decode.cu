@@ -1191,6 +1191,19 @@ __device__ __forceinline__ void lazy_rescale(float* acc, const float* alpha) {
   }
 }
 
+// Warpgroup 1 of the one-scorer loops: wait for warpgroup 0's P_g / alpha_g / m_g (named barrier), take its rows'
+// alpha and running max from xr, rescale its O half.
+template <bool LAZY>
+__device__ __forceinline__ void wg1_take_alpha(float* acc, float* alpha, float* m_run, const float* xr, int r0) {
+  named_bar(kBarConsumers, kConsumers);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    alpha[h] = xr[r0 + 8 * h];
+    m_run[h] = xr[64 + r0 + 8 * h];
+  }
+  lazy_rescale<LAZY>(acc, alpha);
+}
+
 // (No kOptEarlyS form: warpgroup 0 holding 32 score registers while its P @ V runs spills at 208 registers.)
 template <bool LAZY>
 __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* q, const float* sink, __nv_bfloat16* out,
@@ -1239,13 +1252,7 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
         fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
         named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
       } else {
-        named_bar(kBarConsumers, kConsumers);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          alpha[h] = xr[r0 + 8 * h];
-          m_run[h] = xr[64 + r0 + 8 * h];
-        }
-        lazy_rescale<LAZY>(acc, alpha);
+        wg1_take_alpha<LAZY>(acc, alpha, m_run, xr, r0);
       }
       if (i == it.n - 1 && wn < items) {  // the last read of this item's Q is done: the next item's Q overlaps P V
         issue_q(q, p, nx.tok, nx.hb, q_base, tid);
@@ -1339,13 +1346,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
         fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
         named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
       } else {
-        named_bar(kBarConsumers, kConsumers);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          alpha[h] = xr[r0 + 8 * h];
-          m_run[h] = xr[64 + r0 + 8 * h];
-        }
-        lazy_rescale<LAZY>(acc, alpha);
+        wg1_take_alpha<LAZY>(acc, alpha, m_run, xr, r0);
       }
       if (i == it.n - 1 && wn < items) {  // the last read of this item's Q is done: the next item's Q overlaps P V
         // (tid re-read, opaque: else its 16 row addresses are computed at the item's start and spilled)

@@ -82,82 +82,67 @@ static void sparse_decode_ws3p(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr
   if (rc != 0) throw std::runtime_error(std::string("sparse_decode_ws3p launch failed: ") + fm_ws_error_string(rc));
 }
 
-// ws3p with option flags (fm_ws3p_launch_opt, session 6): sparse_decode_ws3p's arguments plus opt (fm_ws3_decode.cu's
-// kOpt* bits: 1 wide FP8 producer batch, 2 lazy O rescale, 4 early scores of the next tile, 8 one scoring warpgroup)
-// before stream.
-static void sparse_decode_ws3p_opt(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
-                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
-                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
-                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
-                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
-                                   int max_ctas, int opt, uintptr_t stream) {
-  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_opt: H must be a positive multiple of 64");
-  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_opt: bad split plan");
-  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_opt: max_ctas must be >= 0 (0: one CTA per SM)");
-  if (opt < 0 || opt > 15) throw std::invalid_argument("sparse_decode_ws3p_opt: opt must be 0..15 (kOpt* bits)");
+using Ws3pLaunch = int (*)(const fm_ws::LaunchArgs&, bool, int, int, uintptr_t);
+
+// The shared body of the ws3p option-build bindings below (one argument list, checks, Params, launch and error text):
+// `bad_opt` is the caller's message for an opt its launcher does not build ("" when opt is fine).
+static void ws3p_run(const std::string& name, Ws3pLaunch launch, const std::string& bad_opt, uintptr_t q, uintptr_t kv,
+                     uintptr_t idx, uintptr_t sink, uintptr_t out, uintptr_t lse, uintptr_t part_o, uintptr_t part_lse,
+                     int64_t num_tokens, int H, int topk, int num_splits, int tiles_per_split, float qk_scale,
+                     int64_t n_rows, int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
+                     int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8, int max_ctas,
+                     int opt, uintptr_t stream) {
+  if (H <= 0 || H % 64 != 0) throw std::invalid_argument(name + ": H must be a positive multiple of 64");
+  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument(name + ": bad split plan");
+  if (max_ctas < 0) throw std::invalid_argument(name + ": max_ctas must be >= 0 (0: one CTA per SM)");
+  if (!bad_opt.empty()) throw std::invalid_argument(name + ": " + bad_opt);
   if (num_splits > 1 && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode_ws3p_opt: num_splits > 1 needs the part_o / part_lse workspaces");
+    throw std::invalid_argument(name + ": num_splits > 1 needs the part_o / part_lse workspaces");
   fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
   a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
                       stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
                       stride_lh};
-  const int rc = fm_ws3p_launch_opt(a, fp8, max_ctas, opt, stream);
+  const int rc = launch(a, fp8, max_ctas, opt, stream);
   if (rc != 0)
-    throw std::runtime_error(std::string("sparse_decode_ws3p_opt launch failed (opt ") + std::to_string(opt) +
-                             "): " + fm_ws_error_string(rc));
+    throw std::runtime_error(name + " launch failed (opt " + std::to_string(opt) + "): " + fm_ws_error_string(rc));
+}
+
+// The bindings' common argument list (sparse_decode_ws3p's plus fp8, max_ctas, opt) and its forwarding.
+#define WS3P_ARGS                                                                                                   \
+  uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out, uintptr_t lse, uintptr_t part_o,          \
+      uintptr_t part_lse, int64_t num_tokens, int H, int topk, int num_splits, int tiles_per_split, float qk_scale, \
+      int64_t n_rows, int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv, int64_t stride_ot, \
+      int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8, int max_ctas, int opt, uintptr_t stream
+#define WS3P_FORWARD                                                                                               \
+  q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, H, topk, num_splits, tiles_per_split, qk_scale, n_rows, \
+      stride_it, stride_qt, stride_qh, stride_kv, stride_ot, stride_oh, stride_lt, stride_lh, fp8, max_ctas, opt, stream
+
+// ws3p with option flags (fm_ws3p_launch_opt, session 6): sparse_decode_ws3p's arguments plus opt (fm_ws3_decode.cu's
+// kOpt* bits: 1 wide FP8 producer batch, 2 lazy O rescale, 4 early scores of the next tile, 8 one scoring warpgroup)
+// before stream.
+static void sparse_decode_ws3p_opt(WS3P_ARGS) {
+  const std::string bad = opt < 0 || opt > 15 ? "opt must be 0..15 (kOpt* bits)" : "";
+  ws3p_run("sparse_decode_ws3p_opt", fm_ws3p_launch_opt, bad, WS3P_FORWARD);
 }
 
 // ws3p's kOptVec build (fm_ws3p_launch_vec, session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments; FP8
 // cache only, opt 24 (ws3p1 + the lane-uniform FP8 producer).
-static void sparse_decode_ws3p_vec(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
-                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
-                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
-                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
-                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
-                                   int max_ctas, int opt, uintptr_t stream) {
-  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_vec: H must be a positive multiple of 64");
-  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_vec: bad split plan");
-  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_vec: max_ctas must be >= 0 (0: one CTA per SM)");
-  if (!fp8) throw std::invalid_argument("sparse_decode_ws3p_vec: FP8 cache only (fp8 must be true)");
-  if (opt != 24) throw std::invalid_argument("sparse_decode_ws3p_vec: opt must be 24, got " + std::to_string(opt));
-  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode_ws3p_vec: num_splits > 1 needs the part_o / part_lse workspaces");
-  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
-  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
-                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
-                      stride_lh};
-  const int rc = fm_ws3p_launch_vec(a, fp8, max_ctas, opt, stream);
-  if (rc != 0)
-    throw std::runtime_error(std::string("sparse_decode_ws3p_vec launch failed (opt ") + std::to_string(opt) +
-                             "): " + fm_ws_error_string(rc));
+static void sparse_decode_ws3p_vec(WS3P_ARGS) {
+  std::string bad = fp8 ? "" : "FP8 cache only (fp8 must be true)";
+  if (bad.empty() && opt != 24) bad = "opt must be 24, got " + std::to_string(opt);
+  ws3p_run("sparse_decode_ws3p_vec", fm_ws3p_launch_vec, bad, WS3P_FORWARD);
 }
 
 // ws3p's adaptive overlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o):
 // sparse_decode_ws3p_opt's arguments; opt BF16 106 (ws3p1l + adaptive overlap), FP8 120 (ws3p1v + the same).
-static void sparse_decode_ws3p_ovl(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t sink, uintptr_t out,
-                                   uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, int64_t num_tokens, int H,
-                                   int topk, int num_splits, int tiles_per_split, float qk_scale, int64_t n_rows,
-                                   int64_t stride_it, int64_t stride_qt, int64_t stride_qh, int64_t stride_kv,
-                                   int64_t stride_ot, int64_t stride_oh, int64_t stride_lt, int64_t stride_lh, bool fp8,
-                                   int max_ctas, int opt, uintptr_t stream) {
-  if (H <= 0 || H % 64 != 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: H must be a positive multiple of 64");
-  if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: bad split plan");
-  if (max_ctas < 0) throw std::invalid_argument("sparse_decode_ws3p_ovl: max_ctas must be >= 0 (0: one CTA per SM)");
+static void sparse_decode_ws3p_ovl(WS3P_ARGS) {
   const bool ok = fp8 ? opt == 120 : opt == 106;
-  if (!ok)
-    throw std::invalid_argument(std::string("sparse_decode_ws3p_ovl: opt must be 106 (BF16) or 120 (FP8), got ") +
-                                std::to_string(opt) + (fp8 ? " with fp8" : " with bf16"));
-  if (num_splits > 1 && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode_ws3p_ovl: num_splits > 1 needs the part_o / part_lse workspaces");
-  fm_ws::LaunchArgs a{q, kv, idx, sink, out, lse, part_o, part_lse, num_tokens, {}};
-  a.p = fm_ws::Params{H,         topk,      num_splits, tiles_per_split, sink != 0 ? 1 : 0, qk_scale,  n_rows,
-                      stride_it, stride_qt, stride_qh,  stride_kv,       stride_ot,         stride_oh, stride_lt,
-                      stride_lh};
-  const int rc = fm_ws3p_launch_ovl(a, fp8, max_ctas, opt, stream);
-  if (rc != 0)
-    throw std::runtime_error(std::string("sparse_decode_ws3p_ovl launch failed (opt ") + std::to_string(opt) +
-                             "): " + fm_ws_error_string(rc));
+  const std::string bad = ok ? "" : "opt must be 106 (BF16) or 120 (FP8), got " + std::to_string(opt) +
+                                        (fp8 ? " with fp8" : " with bf16");
+  ws3p_run("sparse_decode_ws3p_ovl", fm_ws3p_launch_ovl, bad, WS3P_FORWARD);
 }
+#undef WS3P_ARGS
+#undef WS3P_FORWARD
 
 void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws", &sparse_decode_ws,
