@@ -54,9 +54,12 @@ class QWeight:
         """The weight as bf16 [out, in] when every value is exactly a bf16 number (a BF16 checkpoint tensor always),
         else None. Checked once (one host sync for other formats), then cached."""
         if "exact_bf16" not in self._cache:
+            had16 = torch.bfloat16 in self._cache
             w16 = self.dequant(torch.bfloat16)
             exact = self.fmt == "float" and self.weight.dtype == torch.bfloat16
             exact = exact or torch.equal(w16.float(), self.dequant(torch.float32))
+            if not exact and not had16:
+                del self._cache[torch.bfloat16]  # made for the check only: do not keep a copy nobody uses
             self._cache["exact_bf16"] = w16 if exact else None
         return self._cache["exact_bf16"]
 
