@@ -27,15 +27,15 @@ if "--smoke" in sys.argv:  # before triton is imported: the interpreter is chose
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_deep_gemm as full  # noqa: E402,F401  (puts this checkout's src/ first on sys.path)
+import bench_dg_w4a8_ws as ws  # noqa: E402  (time_into: the timing and error record shared with the W4A8 benches)
 import torch  # noqa: E402
 
 from deepinfer import deep_gemm as dg  # noqa: E402
 from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db  # noqa: E402
-from kernelkit import bench_cuda, write_results_json  # noqa: E402
+from kernelkit import write_results_json  # noqa: E402
 from kernelkit.numerics import calc_diff  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-FP8_CEIL_TFLOPS = 1260.0  # ../shared/reference/h200-ceilings.md (FP8 dense, lower bound)
 DENSE_MS = (4096, 16384)
 DENSE_NK = ((4096, 8192), (2048, 4096), (4096, 2048), (32768, 1024), (8192, 1024), (1024, 4096))
 GROUPED = {"gate_up": (4096, 4096), "down": (4096, 2048)}
@@ -72,14 +72,7 @@ def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
     recs, times = [], {}
     for name, (fn, _) in impls.items():
         rec = {**case, "impl": name}
-        try:
-            t = bench_cuda(fn, rep=rep, warmup=3)
-            times[name] = t["median_us"]
-            rec.update(median_us=t["median_us"], p10=t["p10"], p90=t["p90"], timer=t["timer"],
-                       tflops=flops / t["median_us"] * 1e-6)  # fmt: skip
-            rec["pct_fp8_ceiling"] = 100.0 * rec["tflops"] / FP8_CEIL_TFLOPS
-        except Exception as exc:  # noqa: BLE001 - record and go on
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        ws.time_into(rec, fn, flops, rep, times)
         recs.append(rec)
     base = impls[API][1] if API in times else None
     for rec in recs:

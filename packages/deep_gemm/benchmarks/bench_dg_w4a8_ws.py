@@ -87,6 +87,19 @@ def _compare(out: torch.Tensor, base: torch.Tensor | None) -> dict:
             "diff_vs_base": float(calc_diff(out[rows].double(), base[rows].double()))}  # fmt: skip
 
 
+def time_into(rec: dict, fn, flops: float, rep: int, times: dict) -> None:  # noqa: ANN001
+    """Time fn into rec (median / p10 / p90 us, TFLOPS, % of the FP8 ceiling) and times[rec["impl"]], or record the
+    error and go on (one failing impl must not lose the others). Shared by the W4A8 and fp8_db benchmarks."""
+    try:
+        t = bench_cuda(fn, rep=rep, warmup=3)
+        times[rec["impl"]] = t["median_us"]
+        rec.update(median_us=t["median_us"], p10=t["p10"], p90=t["p90"], timer=t["timer"],
+                   tflops=flops / t["median_us"] * 1e-6)  # fmt: skip
+        rec["pct_fp8_ceiling"] = 100.0 * rec["tflops"] / FP8_CEIL_TFLOPS
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, fp8: tuple) -> list[dict]:
     op = _operands(tpe, n, k, g, dev)
     flops = 2.0 * op["m"] * n * k
@@ -98,14 +111,7 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
                "n": n, "k": k, "impl": name}  # fmt: skip
         if name != FP8_API and name not in built:
             rec["note"] = "not built: the API ran Triton"
-        try:
-            t = bench_cuda(fn, rep=rep, warmup=3)
-            times[name] = t["median_us"]
-            rec.update(median_us=t["median_us"], p10=t["p10"], p90=t["p90"], timer=t["timer"],
-                       tflops=flops / t["median_us"] * 1e-6)  # fmt: skip
-            rec["pct_fp8_ceiling"] = 100.0 * rec["tflops"] / FP8_CEIL_TFLOPS
-        except Exception as exc:  # noqa: BLE001 - record and go on
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        time_into(rec, fn, flops, rep, times)
         recs.append(rec)
     outs = {}  # each W4A8 row's own output (written by its timed calls); compared with cuda_wg2s4's
     for name in IMPLS:
