@@ -63,7 +63,11 @@ def _fns(smoke: bool, rows: dict) -> dict:
         return {v: (lambda q, kv, i, s: reference.sparse_attn(q, kv, i, s, SCALE)) for v in names}
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
 
-    return {v: (lambda q, kv, i, s, v=v: ws.sparse_attn_ws(q, kv, i, s, SCALE, variant=v)) for v in names}
+    def fn(v: str):  # "variant" or "variant:ablation" (timing-only modes, bench_fm_pair --ablate)
+        var, _, abl = v.partition(":")
+        return lambda q, kv, i, s: ws.sparse_attn_ws(q, kv, i, s, SCALE, variant=var, ablation=abl or "full")
+
+    return {v: fn(v) for v in names}
 
 
 def _bit_equal(a: tuple, b: tuple) -> bool:

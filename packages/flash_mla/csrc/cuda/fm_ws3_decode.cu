@@ -1488,7 +1488,7 @@ static int launch_persist_vec(const LaunchArgs& a, int max_ctas, int opt, cudaSt
     default: return (int)cudaErrorInvalidValue;
   }
 }
-#else
+#elif !defined(FM_WS3_PAIR_TU)  // (fm_ws3pair_decode.cu: neither the kOptVec nor these instances)
 // kOptOverlap + kOptOvlAdapt builds (session 10; fm_ws3p_launch_ovl): BF16 106 (ws3p1l + both), FP8 120 (ws3p1v +
 // both).
 template <bool FP8>
@@ -1508,7 +1508,7 @@ static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaSt
 #endif
 }  // namespace fm_ws3
 
-#ifndef FM_WS3_VEC_TU
+#if !defined(FM_WS3_VEC_TU) && !defined(FM_WS3_PAIR_TU)
 int fm_ws3p_launch_ovl(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist_ovl<true>(a, max_ctas, opt, s)
