@@ -136,8 +136,8 @@ static void sparse_decode_ws3p_vec(WS3P_ARGS) {
 // ws3p's adaptive overlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o):
 // sparse_decode_ws3p_opt's arguments; opt BF16 106 (ws3p1l + adaptive overlap), FP8 120 (ws3p1v + the same).
 static void sparse_decode_ws3p_ovl(WS3P_ARGS) {
-  const bool ok = fp8 ? opt == 120 : opt == 106;
-  const std::string bad = ok ? "" : "opt must be 106 (BF16) or 120 (FP8), got " + std::to_string(opt) +
+  const bool ok = fp8 ? (opt == 120 || opt == 376) : (opt == 106 || opt == 362);  // (+ 256: kOptPf2, session 11)
+  const std::string bad = ok ? "" : "opt must be 106 / 362 (BF16) or 120 / 376 (FP8), got " + std::to_string(opt) +
                                         (fp8 ? " with fp8" : " with bf16");
   ws3p_run("sparse_decode_ws3p_ovl", fm_ws3p_launch_ovl, bad, WS3P_FORWARD);
 }

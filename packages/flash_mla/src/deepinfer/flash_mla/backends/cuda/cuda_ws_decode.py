@@ -161,9 +161,13 @@ WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal
 # 32 + kOptOvlAdapt 64 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per cache) bit
 # for bit. Both names run the same pair of builds (the one of the call's cache format).
 OPT_OVL, OPT_OVL_ADAPT = 32, 64
+# session 11: + OPT_PF2 (the producer prefetches tile g + 2's rows into L2, not g + 1's): "ws3p1oaf" / "ws3p1voaf".
+OPT_PF2 = 256
 WS3P_OVL_OPTS = {
     "ws3p1oa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
     "ws3p1voa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
+    "ws3p1oaf": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2),
+    "ws3p1voaf": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2),
 }
 WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
 # session 11: name -> (BF16 opt, FP8 opt) of the balanced "pair" builds (`_C.sparse_decode_ws3p_pair`,
