@@ -9,7 +9,6 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fm_fp8v     flash_mla ws3p1v (session 9's lane-uniform FP8 producer, the FP8 default), same case
   fm_bf16     flash_mla ws3p1l on the BF16 cache, same case
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
-  fm_pair_prefill  flash_mla ws3p2 (session 11: balanced pair consumers) on the same prefill case
   fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
   fp8_db_t4   deep_gemm fp8_db with the TMA producer, 4 stages (session 10: is it L2-bound?), same shape
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
@@ -103,7 +102,6 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fm_fp8v": lambda: _attn("fp8", "ws3p1v", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
-    "fm_pair_prefill": lambda: _attn("bf16", "ws3p2", True),
     "fm_b2": lambda: _attn("fp8", "api", False, b=2),
     "fm_hca1": _hca1,
 }

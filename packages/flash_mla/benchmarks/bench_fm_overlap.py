@@ -38,8 +38,6 @@ H, D = 64, 512
 SCALE = D**-0.5
 # cache -> (the base the other row must equal bit for bit, the overlap build)
 ROWS = {"bf16": ("ws3p1l", "ws3p1oa"), "fp8": ("ws3p1v", "ws3p1voa")}
-# --pf2 (session 11): the overlap builds against their kOptPf2 twins (L2 prefetch two tiles ahead; same bits)
-ROWS_PF2 = {"bf16": ("ws3p1oa", "ws3p1oaf"), "fp8": ("ws3p1voa", "ws3p1voaf")}
 FLASHMLA_TFLOPS = {128: 230.0, 64: 218.0, 256: 243.0}  # DeepSeek FlashMLA, same H200, FP8 decode s_q 2 (session 6)
 
 
@@ -65,11 +63,7 @@ def _fns(smoke: bool, rows: dict) -> dict:
         return {v: (lambda q, kv, i, s: reference.sparse_attn(q, kv, i, s, SCALE)) for v in names}
     from deepinfer.flash_mla.backends.cuda import cuda_ws_decode as ws
 
-    def fn(v: str):  # "variant" or "variant:ablation" (timing-only modes, bench_fm_pair --ablate)
-        var, _, abl = v.partition(":")
-        return lambda q, kv, i, s: ws.sparse_attn_ws(q, kv, i, s, SCALE, variant=var, ablation=abl or "full")
-
-    return {v: fn(v) for v in names}
+    return {v: (lambda q, kv, i, s, v=v: ws.sparse_attn_ws(q, kv, i, s, SCALE, variant=v)) for v in names}
 
 
 def _bit_equal(a: tuple, b: tuple) -> bool:
@@ -219,15 +213,13 @@ def main() -> int:
     ap.add_argument("--out", metavar="JSON", help="write the records here (after every case)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the reference as a stand-in")
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
-    ap.add_argument("--pf2", action="store_true", help="ws3p1oa / ws3p1voa against their kOptPf2 twins")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
         return 0
     if not args.smoke and not torch.cuda.is_available():
         ap.error("no CUDA device: only --smoke or --table run here")
-    recs = run(args.smoke, args.out, rows=ROWS_PF2 if args.pf2 else None,
-               script="bench_fm_overlap --pf2" if args.pf2 else None)  # fmt: skip
+    recs = run(args.smoke, args.out)
     return 1 if args.smoke and any("error" in r for r in recs) else 0
 
 

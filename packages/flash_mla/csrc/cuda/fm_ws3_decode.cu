@@ -134,12 +134,8 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     always before softmax_i, "ws3p1o" / "ws3p1vo", 0.90-0.97x, and the P exchange on an mbarrier instead of the
 //     named barrier, kOptPBar "ws3p1oam" / "ws3p1voam", never above the adaptive form. A third form, S_{i+1} always
 //     issued behind P_i V_i with a blocking wait, spilled in every arrangement tried: never built.)
-//   kOptPf2 (session 11; with the overlap builds: BF16 362 = 106 + 256, FP8 376 = 120 + 256): the producer prefetches
-//     into L2 the rows of tile g + 2 (not g + 1) after issuing tile g, and those of tiles 0 / 1 at its start, so each
-//     tile's gather finds its rows in L2 a whole tile earlier (session-11 ablations: the FP8 producer alone is slower
-//     than the consumers alone at decode b = 128, latency-bound with ~half a tile of loads in flight). Same bits.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
-              kOptOvlAdapt = 64, kOptPf2 = 256;
+              kOptOvlAdapt = 64;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -1049,14 +1045,6 @@ __device__ __forceinline__ int cursor_row(const Cursor& c, const int* idx, const
 // ws3's producer (kFull, single cache) over the CTA's whole tile stream: tile g of the stream into stage g % kStages;
 // the row ids of tile g + 1 (which may be the next item's first tile) are loaded one tile ahead and its rows
 // prefetched into L2, as ws3 does inside one item.
-// One cache row into L2: its 128-byte lines (FP8: 584 bytes, 5 lines + the last byte's; BF16: 1 KiB, 8 + 1).
-template <bool FP8>
-__device__ __forceinline__ void prefetch_row_l2(const uint8_t* row) {
-  constexpr int kLines = FP8 ? 5 : 8, kLast = FP8 ? 583 : 1023;
-#pragma unroll
-  for (int i = 0; i <= kLines; ++i) prefetch_l2(row + (i < kLines ? 128 * i : kLast));
-}
-
 template <bool FP8, int OPT>
 __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base, const int* idx, const Params& p,
                                            int64_t items, int t, uint32_t bar_full, uint32_t bar_empty) {
@@ -1069,14 +1057,6 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
   cursor_next(b, p, n_tiles, items);
   int cur = t < kBN ? cursor_row(a, idx, p, items, t) : -1;
   int nxt = t < kBN ? cursor_row(b, idx, p, items, t) : -1;
-  constexpr bool kPf2 = (OPT & kOptPf2) != 0;
-  Cursor c = b;  // kPf2: tile g + 2, whose rows are prefetched after tile g
-  int nn = -1;
-  if constexpr (kPf2) {
-    cursor_next(c, p, n_tiles, items);
-    nn = t < kBN ? cursor_row(c, idx, p, items, t) : -1;
-    if (t < kBN && nxt >= 0) prefetch_row_l2<FP8>(kv.at(nxt));  // tile 1 (tile 0's gather starts at once)
-  }
   for (uint32_t g = 0; a.w < items; ++g) {
     const int s = g % kStages;
     const bool wait = g >= kStages;
@@ -1095,26 +1075,26 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
       }
       fence_async_smem();
       mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {
+        const uint8_t* row = kv.at(nxt);
+#pragma unroll
+        for (int i = 0; i < 6; ++i) prefetch_l2(row + (i < 5 ? 128 * i : 583));
+      }
     } else {
       if (wait) mbar_wait(bar_empty + 8 * s, parity);
       if (t < kBN) s_rows[s * kBN + t] = cur;
       issue_bf16_tile(stage, rows, kv, t);
       cp_async_mbar_arrive(bar_full + 8 * s);
+      if (t < kBN && nxt >= 0) {
+        const uint8_t* row = kv.at(nxt);
+#pragma unroll
+        for (int i = 0; i < 9; ++i) prefetch_l2(row + (i < 8 ? 128 * i : 1023));
+      }
     }
-    const int pf = kPf2 ? nn : nxt;  // the next tile's rows into L2 (kPf2: the one after it)
-    if (t < kBN && pf >= 0) prefetch_row_l2<FP8>(kv.at(pf));
     a = b;
-    if constexpr (kPf2) {
-      b = c;
-      cursor_next(c, p, n_tiles, items);
-      cur = nxt;
-      nxt = nn;
-      nn = t < kBN ? cursor_row(c, idx, p, items, t) : -1;
-    } else {
-      cursor_next(b, p, n_tiles, items);
-      cur = nxt;
-      nxt = t < kBN ? cursor_row(b, idx, p, items, t) : -1;
-    }
+    cursor_next(b, p, n_tiles, items);
+    cur = nxt;
+    nxt = t < kBN ? cursor_row(b, idx, p, items, t) : -1;
   }
   if constexpr (!FP8) cp_wait_all();  // no thread exits with copies in flight
 }
@@ -1508,7 +1488,7 @@ static int launch_persist_vec(const LaunchArgs& a, int max_ctas, int opt, cudaSt
     default: return (int)cudaErrorInvalidValue;
   }
 }
-#elif !defined(FM_WS3_PAIR_TU)  // (fm_ws3pair_decode.cu: neither the kOptVec nor these instances)
+#else
 // kOptOverlap + kOptOvlAdapt builds (session 10; fm_ws3p_launch_ovl): BF16 106 (ws3p1l + both), FP8 120 (ws3p1v +
 // both).
 template <bool FP8>
@@ -1516,13 +1496,11 @@ static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   if constexpr (FP8) {
     switch (opt) {
       case 120: return launch_persist<true, 120>(a, max_ctas, s);
-      case 376: return launch_persist<true, 376>(a, max_ctas, s);  // + kOptPf2 (session 11)
       default: return (int)cudaErrorInvalidValue;
     }
   } else {
     switch (opt) {
       case 106: return launch_persist<false, 106>(a, max_ctas, s);
-      case 362: return launch_persist<false, 362>(a, max_ctas, s);  // + kOptPf2 (session 11)
       default: return (int)cudaErrorInvalidValue;
     }
   }
@@ -1530,7 +1508,7 @@ static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaSt
 #endif
 }  // namespace fm_ws3
 
-#if !defined(FM_WS3_VEC_TU) && !defined(FM_WS3_PAIR_TU)
+#ifndef FM_WS3_VEC_TU
 int fm_ws3p_launch_ovl(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return fp8 ? fm_ws3::launch_persist_ovl<true>(a, max_ctas, opt, s)

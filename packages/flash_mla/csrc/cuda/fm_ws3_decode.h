@@ -51,8 +51,3 @@ int fm_ws3p_launch_opt(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int o
 // P-mbarrier 234 / 248 builds were removed: slower).
 int fm_ws3p_launch_ovl(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
 int fm_ws3p_launch_vec(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);
-// ws3p's balanced "pair" consumers (session 11, fm_ws3pair_decode.cu / fm_ws3_pair.cuh): each consumer warpgroup
-// scores every other tile and both run half of every P V. opt: BF16 128 (kOptPair), FP8 144 (kOptPair + kOptVec: the
-// lane-uniform FP8 producer). Same math as ws3p1, another summation order. Another (fp8, opt) returns
-// cudaErrorInvalidValue.
-int fm_ws3p_launch_pair(const fm_ws::LaunchArgs& a, bool fp8, int max_ctas, int opt, uintptr_t stream);

@@ -136,21 +136,10 @@ static void sparse_decode_ws3p_vec(WS3P_ARGS) {
 // ws3p's adaptive overlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o):
 // sparse_decode_ws3p_opt's arguments; opt BF16 106 (ws3p1l + adaptive overlap), FP8 120 (ws3p1v + the same).
 static void sparse_decode_ws3p_ovl(WS3P_ARGS) {
-  const bool ok = fp8 ? (opt == 120 || opt == 376) : (opt == 106 || opt == 362);  // (+ 256: kOptPf2, session 11)
-  const std::string bad = ok ? "" : "opt must be 106 / 362 (BF16) or 120 / 376 (FP8), got " + std::to_string(opt) +
+  const bool ok = fp8 ? opt == 120 : opt == 106;
+  const std::string bad = ok ? "" : "opt must be 106 (BF16) or 120 (FP8), got " + std::to_string(opt) +
                                         (fp8 ? " with fp8" : " with bf16");
   ws3p_run("sparse_decode_ws3p_ovl", fm_ws3p_launch_ovl, bad, WS3P_FORWARD);
-}
-// ws3p's balanced pair consumers (fm_ws3p_launch_pair, session 11, fm_ws3pair_decode.cu): sparse_decode_ws3p_opt's
-// arguments; opt BF16 128, FP8 144 (+ 256: producer only, + 512: consumers only; timing-only ablations).
-static void sparse_decode_ws3p_pair(WS3P_ARGS) {
-  const int rel = opt - (fp8 ? 144 : 128);  // + 256 / 512: timing-only ablations (producer / consumers only)
-  // BF16 + 1024: the register-staged producer (+ 256: its producer-only ablation)
-  const bool ok = rel == 0 || rel == 256 || rel == 512 || (!fp8 && (rel == 1024 || rel == 1280));
-  const std::string bad = ok ? "" : "opt must be 128 (BF16) or 144 (FP8), + 256 or 512 for an ablation, BF16 also "
-                                    "1152 / 1408 (register-staged producer), got " +
-                                        std::to_string(opt) + (fp8 ? " with fp8" : " with bf16");
-  ws3p_run("sparse_decode_ws3p_pair", fm_ws3p_launch_pair, bad, WS3P_FORWARD);
 }
 #undef WS3P_ARGS
 #undef WS3P_FORWARD
@@ -189,8 +178,4 @@ void fm_register_ws(pybind11::module_& m) {
         "ws3p's adaptive overlap builds (session 10, fm_ws3_decode.cu consumer_p1o: the scoring warpgroup issues "
         "S_{i+1} before softmax_i once its tile has landed): sparse_decode_ws3p_opt's arguments, opt BF16 106 "
         "(bit-identical to opt 10), FP8 120 (bit-identical to sparse_decode_ws3p_vec's 24).");
-  m.def("sparse_decode_ws3p_pair", &sparse_decode_ws3p_pair,
-        "ws3p's balanced pair consumers (session 11, fm_ws3_pair.cuh: each consumer warpgroup scores every other "
-        "tile, both run half of every P V): sparse_decode_ws3p_opt's arguments, opt BF16 128, FP8 144 (lane-uniform "
-        "FP8 producer). Same math as opt 8 in another summation order.");
 }

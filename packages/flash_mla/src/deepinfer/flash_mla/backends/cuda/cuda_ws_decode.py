@@ -99,7 +99,6 @@ __all__ = [
     "WS3P_OPTS",
     "WS3P_OVL_BASE",
     "WS3P_OVL_OPTS",
-    "WS3P_PAIR_OPTS",
     "WS3P_OPT_VARIANTS",
     "WS3P_VEC_BASE",
     "WS3P_VEC_OPTS",
@@ -124,7 +123,6 @@ __all__ = [
     "ws3p_grid",
     "ws3p_opt_available",
     "ws3p_ovl_available",
-    "ws3p_pair_available",
     "ws3p_vec_available",
 ]
 
@@ -161,39 +159,13 @@ WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal
 # 32 + kOptOvlAdapt 64 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per cache) bit
 # for bit. Both names run the same pair of builds (the one of the call's cache format).
 OPT_OVL, OPT_OVL_ADAPT = 32, 64
-# session 11: + OPT_PF2 (the producer prefetches tile g + 2's rows into L2, not g + 1's): "ws3p1oaf" / "ws3p1voaf".
-OPT_PF2 = 256
 WS3P_OVL_OPTS = {
     "ws3p1oa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
     "ws3p1voa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
-    "ws3p1oaf": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2),
-    "ws3p1voaf": (10 | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_PF2),
 }
 WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
-# session 11: name -> (BF16 opt, FP8 opt) of the balanced "pair" builds (`_C.sparse_decode_ws3p_pair`,
-# fm_ws3_pair.cuh: each consumer warpgroup scores every other tile and both run half of every P V; kOptPair 128, the
-# FP8 build with the lane-uniform producer, kOptVec 16). Same math as ws3p1 in another summation order: compared with
-# the reference / ws3p1 within bf16 tolerance, not bit for bit. Both names run the build of the call's cache format.
-OPT_PAIR = 128
-PAIR_ABLATION_BITS = {"full": 0, "producer": 256, "consumer": 512}  # fm_ws3_pair.cuh kPairProdOnly / kPairConsOnly
-OPT_PAIR_REG = 1024  # BF16: the register-staged producer (loads a half tile before waiting for its release)
-WS3P_PAIR_OPTS = {
-    "ws3p2": (OPT_PAIR, OPT_PAIR | OPT_VEC),
-    "ws3p2v": (OPT_PAIR, OPT_PAIR | OPT_VEC),
-    "ws3p2r": (OPT_PAIR | OPT_PAIR_REG, OPT_PAIR | OPT_VEC),
-}
 # every persistent (ws3p family) variant (the overlap builds under their BF16 opt; their launch picks per cache)
-_WS3P_ALL = {
-    **WS3P_OPTS,
-    **WS3P_VEC_OPTS,
-    **{k: v[0] for k, v in WS3P_OVL_OPTS.items()},
-    **{k: v[0] for k, v in WS3P_PAIR_OPTS.items()},
-}
-# builds with one name and a kernel per cache format: name -> (`_C` entry point, (BF16 opt, FP8 opt))
-_PER_CACHE = {
-    **{k: ("sparse_decode_ws3p_ovl", v) for k, v in WS3P_OVL_OPTS.items()},
-    **{k: ("sparse_decode_ws3p_pair", v) for k, v in WS3P_PAIR_OPTS.items()},
-}
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS, **{k: v[0] for k, v in WS3P_OVL_OPTS.items()}}
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -231,10 +203,7 @@ WS3_EXTRA_ENV = "DEEPINFER_FLASH_MLA_WS3_EXTRA"
 
 
 def ablations_of(variant: str) -> tuple[str, ...]:
-    """The `ABLATIONS` names a variant's kernel has (ws3 and the pair builds: full / producer / consumer; the other
-    ws3p builds: full; ws, ws2: all)."""
-    if variant in WS3P_PAIR_OPTS:  # timing-only opt bits on top of the build's (`PAIR_ABLATION_BITS`)
-        return ("full", "producer") if variant == "ws3p2r" else _WS3_ABLATIONS
+    """The `ABLATIONS` names a variant's kernel has (ws3: full / producer / consumer; ws3p: full; ws, ws2: all)."""
     if variant in _WS3P_ALL:  # the persistent ws3 (and its option builds): the kernel only
         return ("full",)
     return _WS3_ABLATIONS if variant == "ws3" else tuple(ABLATIONS)
@@ -300,12 +269,6 @@ def ws3p_ovl_available() -> bool:
     """True when `_C` has ws3p's adaptive overlap builds (`sparse_decode_ws3p_ovl`, session 10: "ws3p1oa")."""
     mod = _module()
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_ovl")
-
-
-def ws3p_pair_available() -> bool:
-    """True when `_C` has ws3p's balanced pair builds (`sparse_decode_ws3p_pair`, session 11: "ws3p2")."""
-    mod = _module()
-    return mod is not None and hasattr(mod, "sparse_decode_ws3p_pair")
 
 
 def ws3_extra_available() -> bool:
@@ -451,8 +414,8 @@ def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
     if variant in WS3P_VEC_OPTS:
         entry = "sparse_decode_ws3p_vec"
-    if variant in _PER_CACHE:
-        entry = _PER_CACHE[variant][0]
+    if variant in WS3P_OVL_OPTS:
+        entry = "sparse_decode_ws3p_ovl"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
     got = getattr(mod, fn)()
@@ -494,10 +457,10 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    known = variant in VARIANTS or variant in WS3P_VEC_OPTS or variant in _PER_CACHE
+    known = variant in VARIANTS or variant in WS3P_VEC_OPTS or variant in WS3P_OVL_OPTS
     if not known or ablation not in ablations_of(variant):
         allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
-        names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(_PER_CACHE)
+        names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
         raise ValueError(
             f"sparse_attn_ws: variant / ablation: expected one of {names} / {allowed}, got {variant!r} / {ablation!r}"
         )
@@ -554,14 +517,12 @@ def sparse_attn_ws(
             lse_out.stride(0), lse_out.stride(1), fp8, stream,
         )  # fmt: skip
     elif variant in _WS3P_ALL:
-        opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
-        if variant in _PER_CACHE:  # one name, a build per cache format
-            name, opts = _PER_CACHE[variant]
-            entry, opt = getattr(mod, name), (opts[int(fp8)] + PAIR_ABLATION_BITS.get(ablation, 0),)
-        elif variant in WS3P_VEC_OPTS:
+        entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
+        if variant in WS3P_VEC_OPTS:
             entry = mod.sparse_decode_ws3p_vec
-        else:
-            entry = mod.sparse_decode_ws3p if variant == "ws3p" else mod.sparse_decode_ws3p_opt
+        opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
+        if variant in WS3P_OVL_OPTS:  # one name, a build per cache format
+            entry, opt = mod.sparse_decode_ws3p_ovl, (WS3P_OVL_OPTS[variant][int(fp8)],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
             t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
@@ -716,7 +677,7 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(_PER_CACHE)
+    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
     if not variant or any(v not in names for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
