@@ -70,12 +70,16 @@ def compiled_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: False)
 
 
-def _c_has(monkeypatch: pytest.MonkeyPatch, opt: bool, vec: bool, ovl: bool, ws3p: bool = True) -> None:
-    """Pretend `_C` has (or lacks) the ws3p family's builds: plain ws3p, the option builds, kOptVec, the overlap."""
+def _c_has(
+    monkeypatch: pytest.MonkeyPatch, opt: bool, vec: bool, ovl: bool, ws3p: bool = True, vw: bool | None = None
+) -> None:
+    """Pretend `_C` has (or lacks) the ws3p family's builds: plain ws3p, the option builds, kOptVec, the overlap, the
+    FP8 kOptVecWide overlap build (vw; None: as ovl, i.e. a session-11 `_C` when it has the overlap builds)."""
     monkeypatch.setattr(_WS, "ws3p_available", lambda: ws3p)
     monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: opt)
     monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
     monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: ovl)
+    monkeypatch.setattr(_WS, "ws3p_vw_available", lambda: ovl if vw is None else vw)
 
 
 class _Recorder:
@@ -115,16 +119,19 @@ def test_ws3p_ovl_min_tokens_is_128() -> None:
     assert _WS.WS3P_OVL_MIN_TOKENS == 128 and _WS.WS3P_MIN_TOKENS == 64 < _WS.WS3P_OVL_MIN_TOKENS
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_default_variant_overlap_from_128_tokens(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `_C` with every build: ws3 below 64 tokens and with an extra cache, ws3p1l / ws3p1v at 64..127 tokens,
-    ws3p1oa / ws3p1voa from 128 (prefill sizes too)."""
-    _c_has(monkeypatch, opt=True, vec=True, ovl=True)
+@pytest.mark.parametrize(("fp8", "vw"), [(False, True), (True, False), (True, True)])
+def test_default_variant_overlap_from_128_tokens(fp8: bool, vw: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `_C` with the overlap builds: ws3 below 64 tokens and with an extra cache, ws3p1l / ws3p1v at 64..127 tokens,
+    ws3p1oa / ws3p1voa from 128 (prefill sizes too); on an FP8 cache with the session-11 kOptVecWide build, that one
+    ("ws3p1voaw") from 64 tokens."""
+    _c_has(monkeypatch, opt=True, vec=True, ovl=True, vw=vw)
     base, ovl = ("ws3p1v", "ws3p1voa") if fp8 else ("ws3p1l", "ws3p1oa")
+    if fp8 and vw:
+        base = ovl = "ws3p1voaw"
     want = {32: "ws3", 63: "ws3", 64: base, 127: base, 128: ovl, 129: ovl, 256: ovl, 4096: ovl, 16384: ovl}
     assert {t: _WS.default_variant(t, False, fp8) for t in want} == want
     assert _WS.default_variant(4096, True, fp8) == "ws3"  # the engine's extra-cache call: no ws3p form
-    assert ovl in _WS.WS3P_OVL_OPTS and base == _WS.WS3P_OVL_BASE[int(fp8)]  # the name the wrapper runs
+    assert ovl in _WS.WS3P_OVL_OPTS and (vw and fp8 or base == _WS.WS3P_OVL_BASE[int(fp8)])  # names the wrapper runs
 
 
 @pytest.mark.parametrize(("opt", "vec", "ovl", "ws3p", "want_bf16", "want_fp8"), [
@@ -138,7 +145,7 @@ def test_default_variant_stale_c_falls_back(
     opt: bool, vec: bool, ovl: bool, ws3p: bool, want_bf16: str, want_fp8: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A `_C` without the overlap builds keeps the pre-session-10 default at every size from 64 tokens."""
-    _c_has(monkeypatch, opt=opt, vec=vec, ovl=ovl, ws3p=ws3p)
+    _c_has(monkeypatch, opt=opt, vec=vec, ovl=ovl, ws3p=ws3p, vw=False)
     for t in (64, 127, 128, 4096):
         assert _WS.default_variant(t, False, False) == want_bf16, t
         assert _WS.default_variant(t, False, True) == want_fp8, t
@@ -150,8 +157,8 @@ def test_kernel_for_names_overlap_default(monkeypatch: pytest.MonkeyPatch) -> No
     128 / 4096 tokens for both caches with a current `_C`, and with a stale one (no overlap builds)."""
     kv, fp8 = _bf16(100, 512), torch.zeros(100, 584, dtype=torch.uint8)
     _c_has(monkeypatch, opt=True, vec=True, ovl=True)
-    table = {64: ("cuda_ws3p1l", "cuda_ws3p1v"), 127: ("cuda_ws3p1l", "cuda_ws3p1v"),
-             128: ("cuda_ws3p1oa", "cuda_ws3p1voa"), 4096: ("cuda_ws3p1oa", "cuda_ws3p1voa")}  # fmt: skip
+    table = {64: ("cuda_ws3p1l", "cuda_ws3p1voaw"), 127: ("cuda_ws3p1l", "cuda_ws3p1voaw"),
+             128: ("cuda_ws3p1oa", "cuda_ws3p1voaw"), 4096: ("cuda_ws3p1oa", "cuda_ws3p1voaw")}  # fmt: skip
     q = {t: torch.empty(t, 64, 512, dtype=torch.bfloat16) for t in (*table, 31)}  # shapes only: no values read
     for t, (want_bf16, want_fp8) in table.items():
         assert _dispatch.kernel_for(q[t], kv, None) == want_bf16, t
@@ -159,6 +166,7 @@ def test_kernel_for_names_overlap_default(monkeypatch: pytest.MonkeyPatch) -> No
     assert _dispatch.kernel_for(q[31], kv, None) == "cuda"
     assert _dispatch.kernel_for(q[128], kv, _bf16(3, 512)) == "cuda"  # extra cache: the serial kernel
     monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: False)  # a stale `_C`
+    monkeypatch.setattr(_WS, "ws3p_vw_available", lambda: False)
     for t in table:
         assert _dispatch.kernel_for(q[t], kv, None) == "cuda_ws3p1l", t
         assert _dispatch.kernel_for(q[t], fp8, None) == "cuda_ws3p1v", t
@@ -167,7 +175,7 @@ def test_kernel_for_names_overlap_default(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.usefixtures("compiled_present")
 def test_split_triton_runs_overlap_variant(monkeypatch: pytest.MonkeyPatch) -> None:
     """`sparse_attn_split_triton(kernel=None)` at 128 tokens hands `sparse_attn_ws` variant="ws3p1oa" (BF16) /
-    "ws3p1voa" (FP8) once, with the caller's out / lse_out / num_splits."""
+    "ws3p1voaw" (FP8, session 11) once, with the caller's out / lse_out / num_splits."""
     _c_has(monkeypatch, opt=True, vec=True, ovl=True)
     seen: list[tuple[str, int | None]] = []
 
@@ -177,7 +185,7 @@ def test_split_triton_runs_overlap_variant(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(_WS, "sparse_attn_ws", fake_ws)
     q, idx = _bf16(128, 64, 512), torch.randint(-1, 100, (128, 24), dtype=torch.int32)
-    for kv, want in ((_bf16(100, 512), "ws3p1oa"), (torch.zeros(100, 584, dtype=torch.uint8), "ws3p1voa")):
+    for kv, want in ((_bf16(100, 512), "ws3p1oa"), (torch.zeros(100, 584, dtype=torch.uint8), "ws3p1voaw")):
         out, lse = torch.empty(128, 64, 512, dtype=torch.bfloat16), torch.empty(128, 64)
         o, s = _K.sparse_attn_split_triton(q, kv, idx, None, SCALE, out=out, lse_out=lse, num_splits=2)
         assert o is out and s is lse and seen[-1] == (want, 2), seen
@@ -446,7 +454,7 @@ def test_api_default_ws3_two_head_blocks_gpu(fp8: bool, monkeypatch: pytest.Monk
 @pytest.mark.parametrize("fp8", [False, True])
 def test_api_default_runs_overlap_gpu(form: str, b: int, s_q: int, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Session 10: t = b * s_q >= WS3P_OVL_MIN_TOKENS (128) without an extra cache: the public call runs the overlap
-    build (ws3p1oa BF16 / ws3p1voa FP8) exactly once, its out / lse bit-for-bit those of its base (ws3p1l / ws3p1v)
+    build (ws3p1oa BF16 / ws3p1voa FP8, ws3p1voaw with a session-11 `_C`) exactly once, its out / lse bit-for-bit those of its base (ws3p1l / ws3p1v)
     called directly on the same plan, within the probe's bound of the reference (640 ragged indices into 16,384 rows,
     holes of every kind, NaN wherever no index points, NaN-poisoned out, token 1 without a valid index: exact zeros
     and lse = sink)."""
@@ -458,7 +466,8 @@ def test_api_default_runs_overlap_gpu(form: str, b: int, s_q: int, fp8: bool, mo
     if not _WS.ws3p_ovl_available():
         pytest.skip("_C without sparse_decode_ws3p_ovl (rebuild)")
     t = b * s_q
-    want, base = ("ws3p1voa", "ws3p1v") if fp8 else ("ws3p1oa", "ws3p1l")
+    fp8_build = "ws3p1voaw" if _WS.ws3p_vw_available() else "ws3p1voa"  # (session 11: the kOptVecWide build)
+    want, base = (fp8_build, "ws3p1v") if fp8 else ("ws3p1oa", "ws3p1l")
     assert _WS.default_variant(t, False, fp8) == want
     ok, out = _WS.probe(variant=f"{base},{want}")
     if not ok:

@@ -3,7 +3,8 @@ variant="ws3p1oa" / "ws3p1voa")` (the same builds) -> `_C.sparse_decode_ws3p_ovl
 ws3p_decode_kernel<false, 106> (BF16: ws3p1l + kOptOverlap + kOptOvlAdapt) or <true, 120> (FP8: ws3p1v + the same).
 The scoring warpgroup issues S_{i+1} before softmax_i only if its tile has landed, else behind P_i V_i or in ws3p1's
 order: the same math in the same order, so the results must be BIT-IDENTICAL to ws3p1l (BF16 cache) / ws3p1v (FP8
-cache). (Session 10's blocking "ws3p1o" / "ws3p1vo" and P-mbarrier "ws3p1oam" / "ws3p1voam" builds were measured
+cache). Session 11's "ws3p1voaw" (<true, 632>: + kOptVecWide, 12 FP8 rows per producer warp in flight; the FP8 default
+from 64 tokens; on a BF16 cache it runs 106) is held to the same bits. (Session 10's blocking "ws3p1o" / "ws3p1vo" and P-mbarrier "ws3p1oam" / "ws3p1voam" builds were measured
 slower and removed: the names are refused.)
 
 CPU: the variant table, the wrapper's routing (stand-in `_C`), the .cu / binding instances, the removed code paths,
@@ -52,7 +53,7 @@ needs_ovl = pytest.mark.skipif(not _WS.ws3p_ovl_available(), reason="_C without 
 def test_ws3p1o_table() -> None:
     """Opt bits: BF16 = ws3p1l (10) + kOptOverlap 32 + kOptOvlAdapt 64, FP8 = ws3p1v (24) + the same; bases per
     cache; the names are accepted by the wrapper's checks (kernel only: no ablation modes) and by probe."""
-    assert _WS.WS3P_OVL_OPTS == {"ws3p1oa": (106, 120), "ws3p1voa": (106, 120)}
+    assert _WS.WS3P_OVL_OPTS == {"ws3p1oa": (106, 120), "ws3p1voa": (106, 120), "ws3p1voaw": (106, 632)}
     assert _WS.WS3P_OVL_BASE == ("ws3p1l", "ws3p1v")
     both = _WS.OPT_OVL | _WS.OPT_OVL_ADAPT
     assert _WS.WS3P_OPTS["ws3p1l"] | both == 106 and _WS.WS3P_VEC_OPTS["ws3p1v"] | both == 120
@@ -91,6 +92,7 @@ def test_ws3p1o_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
     fp8 = torch.randint(0, 256, (2048, 584), dtype=torch.uint8)
     bf16 = torch.randn(2048, 512).bfloat16()
     want = {(v, is_fp8): (120 if is_fp8 else 106) for v in ("ws3p1oa", "ws3p1voa") for is_fp8 in (False, True)}
+    want |= {("ws3p1voaw", False): 106, ("ws3p1voaw", True): 632}
     for (v, is_fp8), opt in want.items():
         _WS.sparse_attn_ws(q, fp8 if is_fp8 else bf16, idx, None, SCALE, variant=v, max_ctas=5)
         kind, args = calls[-1]
@@ -123,7 +125,7 @@ def test_ws3p1o_instances_match_wrapper() -> None:
         assert gone not in src, gone
     assert "kOvlRegsWg0 = 240, kOvlRegsWg1 = 176" in src and "128 * 88 + 128 * kOvlRegsWg0" in src
     binding = (_SRC / "fm_ws_bindings.cpp").read_text()
-    assert '"sparse_decode_ws3p_ovl"' in binding and "fp8 ? opt == 120 : opt == 106" in binding
+    assert '"sparse_decode_ws3p_ovl"' in binding and "fp8 ? (opt == 120 || opt == 632) : opt == 106" in binding
     assert "int fm_ws3p_launch_ovl(" in (_SRC / "fm_ws3_decode.h").read_text()
 
 

@@ -134,8 +134,11 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     always before softmax_i, "ws3p1o" / "ws3p1vo", 0.90-0.97x, and the P exchange on an mbarrier instead of the
 //     named barrier, kOptPBar "ws3p1oam" / "ws3p1voam", never above the adaptive form. A third form, S_{i+1} always
 //     issued behind P_i V_i with a blocking wait, spilled in every arrangement tried: never built.)
+//   kOptVecWide (session 11; FP8 overlap build 632 = 120 + 512): fp8v_tile_w, the lane-uniform producer with 12 of a
+//     warp's 16 rows loaded before the stage wait (60 registers) instead of 8 (rows loaded after the release expose
+//     their latency once per tile); setmaxnreg 104 / 240 / 160 (16 rows spilled at 104 / 112). Same bits as 120.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
-              kOptOvlAdapt = 64;
+              kOptOvlAdapt = 64, kOptVecWide = 512;
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -509,6 +512,52 @@ __device__ __forceinline__ void fp8v_tile(uint8_t* stage, const int* rows, const
     fp8v_store4<0>(bk, a, l5, k == 0, wrows + 8, kb);  // k 0: rows 8..11 into a, row by row
     fp8v_store4<4>(bk, b, l5, k == 0, wrows + 12, kb);
   }
+}
+
+// kOptVecWide: fp8v_tile with 12 of the warp's 16 rows (3 x 4) loaded before the stage wait (fp8v_tile: 8); the last 4
+// reuse the first set's registers, reloaded row by row as rows 0..3 are stored.
+__device__ __forceinline__ void fp8v_tile_w(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
+                                            uint32_t parity, int* s_rows_st, int cur, int t) {
+  uint32_t tx;  // re-read per tile (opaque), as fp8v_tile
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
+  const int r0 = 16 * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
+  const int u = min(lane, 27);
+  const int h = (u >> 2) & 1;
+  Fp8vBase kb;
+  const uint8_t* kvr;
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.k1) : "l"(kv + 16 * u + 8 * h));
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.k2) : "l"(kv + 16 * u + 8 - 8 * h));
+  asm("mov.b64 %0, %1;\n" : "=l"(kb.ks) : "l"(kv + 576 + (u >> 2)));
+  const int* wrows = rows + r0;
+  Fp8vRows a, b, c;
+  fp8v_load4(a, wrows, kb);
+  fp8v_load4(b, wrows + 4, kb);
+  fp8v_load4(c, wrows + 8, kb);
+  uint2 rp[4][2];
+  const int e = lane & 7, rl = lane >> 3;
+  asm("mov.b64 %0, %1;\n" : "=l"(kvr) : "l"(kv + 448 + 16 * e));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = wrows[rl + 4 * j];
+    uint32_t unused;
+    const uint8_t* p = kvr + (int64_t)row * kFp8Row;
+    ldg_unit_if(p, p + 8, p, row, rp[j][0], rp[j][1], unused);
+  }
+  if (wait) mbar_wait(bar, parity);
+  if (t < kBN) s_rows_st[t] = cur;
+  const uint32_t st = smem_u32(stage);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t addr =
+        st + 7u * kSub + (uint32_t)(r0 + rl + 4 * j) * 128u + (uint32_t)((e ^ ((rl + 4 * j) & 7)) << 4);
+    sts128(addr, make_uint4(rp[j][0].x, rp[j][0].y, rp[j][1].x, rp[j][1].y));
+  }
+  const uint32_t base = st + (uint32_t)(u >> 2) * kSub + (uint32_t)r0 * 128u;
+  const uint32_t l5 = ((uint32_t)(u & 3) << 5) | ((uint32_t)h << 4);
+  fp8v_store4<0>(base, a, l5, true, wrows + 12, kb);  // rows 0..3, each reloaded at once with row 12 + i
+  fp8v_store4<4>(base, b, l5, false, wrows, kb);
+  fp8v_store4<0>(base + 1024u, c, l5, false, wrows, kb);
+  fp8v_store4<4>(base + 1024u, a, l5, false, wrows, kb);
 }
 
 // EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
@@ -1068,7 +1117,11 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
     if constexpr (FP8) {
       if constexpr ((OPT & kOptVec) != 0) {
         static_assert((OPT & kOptWideFp8) == 0, "kOptVec has its own batching (88 producer registers)");
-        fp8v_tile(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+        if constexpr ((OPT & kOptVecWide) != 0) {
+          fp8v_tile_w(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+        } else {
+          fp8v_tile(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+        }
       } else {
         fp8_tile<false, (OPT & kOptWideFp8) != 0>(stage, rows, kv, wait, bar_empty + 8 * s, parity, s_rows + s * kBN,
                                                   cur, t);
@@ -1391,6 +1444,10 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
 // gave back).
 constexpr int kOvlRegsWg0 = 240, kOvlRegsWg1 = 176;
 static_assert(128 * 88 + 128 * kOvlRegsWg0 + 128 * kOvlRegsWg1 == 384 * 168, "setmaxnreg budget");
+// kOptVecWide: 16 more producer registers (12 FP8 rows in flight), from warpgroup 1 (O half + fragments)
+constexpr int kVwRegsWg0 = 232;
+constexpr int kVwRegsProd = 104, kVwRegsWg1 = 168;  // (m64n256k16 needs >= 154 in warpgroup 1)
+static_assert(128 * kVwRegsProd + 128 * kVwRegsWg0 + 128 * kVwRegsWg1 == 384 * 168, "setmaxnreg budget");
 
 template <bool FP8, int OPT>
 __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
@@ -1403,18 +1460,20 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   const uint32_t bar_full = smem_u32(smem + Smem::bars), bar_empty = bar_full + 8 * kStages;
   const int tid = threadIdx.x;
   init_ring_barriers<C::kProducers>(bar_full, bar_empty, tid);  // (tid 0's fence.mbarrier_init covers both)
+  constexpr bool kVw = (OPT & kOptVecWide) != 0;
+  static_assert(!kVw || (OPT & kOptOverlap) != 0, "kOptVecWide: with the overlap builds only (its register split)");
   if (tid >= kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kVw ? kVwRegsProd : C::kProducerRegs));
     producer_p<FP8, OPT>(smem, kv, idx, p, items, tid - kConsumers, bar_full, bar_empty);
   } else if constexpr ((OPT & kOptOverlap) != 0) {
     static_assert((OPT & kOptOneScorer) != 0 && (OPT & (kOptEarlyS | kOptWideFp8)) == 0, "kOptOverlap: ws3p1 only");
     static_assert((OPT & kOptOvlAdapt) != 0, "kOptOverlap: the adaptive form only (the blocking one was removed)");
     constexpr bool kLazy = (OPT & kOptLazy) != 0;
     if (tid < 128) {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOvlRegsWg0));
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kVw ? kVwRegsWg0 : kOvlRegsWg0));
       consumer_p1o<kLazy, 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOvlRegsWg1));
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kVw ? kVwRegsWg1 : kOvlRegsWg1));
       consumer_p1o<kLazy, 1>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     }
   } else {
@@ -1496,6 +1555,7 @@ static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaSt
   if constexpr (FP8) {
     switch (opt) {
       case 120: return launch_persist<true, 120>(a, max_ctas, s);
+      case 632: return launch_persist<true, 632>(a, max_ctas, s);  // + kOptVecWide (session 11)
       default: return (int)cudaErrorInvalidValue;
     }
   } else {

@@ -123,6 +123,7 @@ __all__ = [
     "ws3p_grid",
     "ws3p_opt_available",
     "ws3p_ovl_available",
+    "ws3p_vw_available",
     "ws3p_vec_available",
 ]
 
@@ -159,9 +160,13 @@ WS3P_VEC_BASE = {"ws3p1v": "ws3p1"}  # the variant each kOptVec build must equal
 # 32 + kOptOvlAdapt 64 on top of ws3p1l = 10 / ws3p1v = 24); each equals its base (`WS3P_OVL_BASE`, per cache) bit
 # for bit. Both names run the same pair of builds (the one of the call's cache format).
 OPT_OVL, OPT_OVL_ADAPT = 32, 64
+# session 11: + OPT_VEC_WIDE on the FP8 cache (12 of a producer warp's 16 rows loaded before the stage wait, not 8;
+# setmaxnreg 104 / 232 / 168): "ws3p1voaw" (its BF16 twin is ws3p1oa's build).
+OPT_VEC_WIDE = 512
 WS3P_OVL_OPTS = {
     "ws3p1oa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
     "ws3p1voa": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT),
+    "ws3p1voaw": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_VEC_WIDE),
 }
 WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
 # every persistent (ws3p family) variant (the overlap builds under their BF16 opt; their launch picks per cache)
@@ -271,6 +276,12 @@ def ws3p_ovl_available() -> bool:
     return mod is not None and hasattr(mod, "sparse_decode_ws3p_ovl")
 
 
+def ws3p_vw_available() -> bool:
+    """True when `_C`'s overlap builds include the FP8 kOptVecWide one (opt 632, session 11: "ws3p1voaw")."""
+    mod = _module()
+    return ws3p_ovl_available() and 632 in getattr(mod, "ws3p_ovl_opts", ())
+
+
 def ws3_extra_available() -> bool:
     """True when `_C` has ws3 with the extra cache (`sparse_decode_ws3_extra`, session 5 round 4 source)."""
     mod = _module()
@@ -324,9 +335,13 @@ def default_variant(t: int, extra: bool = False, fp8: bool = False) -> str:
     (FP8 cache) / "ws3p1oa" (BF16) when `_C` has them (session 10: bit-equal to ws3p1v / ws3p1l, 1.003-1.022x them on
     the H200 from 128 tokens, 0.994-0.999x at 64); otherwise, and from WS3P_MIN_TOKENS (64), "ws3p1v" on an FP8 cache
     (session 9: bit-equal to "ws3p1", 1.14-1.27x it; "ws3p1" when `_C` lacks the kOptVec build) / "ws3p1l" on BF16
-    when `_C` has the option builds, "ws3p" when it has only ws3p; below 64 tokens or with an extra cache "ws3"."""
+    when `_C` has the option builds, "ws3p" when it has only ws3p; below 64 tokens or with an extra cache "ws3".
+    Session 11: on an FP8 cache "ws3p1voaw" from 64 tokens when `_C` has it (`ws3p_vw_available`; bit-equal to
+    ws3p1v, 1.028-1.058x ws3p1voa on the H200 at 64-512 decode tokens, and 35.2 vs ws3p1v's 36.1 us at 64)."""
     if t < WS3P_MIN_TOKENS or extra:
         return "ws3"
+    if fp8 and ws3p_vw_available():
+        return "ws3p1voaw"
     if ws3p_opt_available():
         if t >= WS3P_OVL_MIN_TOKENS and ws3p_ovl_available():  # (a `_C` with them has the option builds too)
             return "ws3p1voa" if fp8 else "ws3p1oa"
