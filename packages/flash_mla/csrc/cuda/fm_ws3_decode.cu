@@ -134,7 +134,7 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     always before softmax_i, "ws3p1o" / "ws3p1vo", 0.90-0.97x, and the P exchange on an mbarrier instead of the
 //     named barrier, kOptPBar "ws3p1oam" / "ws3p1voam", never above the adaptive form. A third form, S_{i+1} always
 //     issued behind P_i V_i with a blocking wait, spilled in every arrangement tried: never built.)
-//   kOptVecWide (session 11; FP8 overlap build 632 = 120 + 512): fp8v_tile_w, the lane-uniform producer with 12 of a
+//   kOptVecWide (session 11; FP8 overlap build 632 = 120 + 512): fp8v_tile<3>, the lane-uniform producer with 12 of a
 //     warp's 16 rows loaded before the stage wait (60 registers) instead of 8 (rows loaded after the release expose
 //     their latency once per tile); setmaxnreg 104 / 240 / 160 (16 rows spilled at 104 / 112). Same bits as 120.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
@@ -467,9 +467,12 @@ __device__ __forceinline__ void fp8v_store4(uint32_t base, Fp8vRows& v, uint32_t
 // kOptVec's FP8 tile (fp8_tile's contract, single cache): warp W's rows 16 W .. 16 W + 15 in 4 batches of 4 rows (8
 // rows in flight: rows 8.. reload a row's registers as soon as it is stored), plus one RoPE pass (lane l: 16-byte
 // RoPE chunk l % 8 of rows l / 8 + 4 j, j = 0..3). The first two batches and the RoPE loads are issued before the
-// stage wait.
+// stage wait. kSets 3 (kOptVecWide, session 11): the first THREE batches (12 rows) before the wait; the last 4 rows
+// reuse the first set's registers, reloaded row by row as rows 0..3 are stored.
+template <int kSets = 2>
 __device__ __forceinline__ void fp8v_tile(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
                                           uint32_t parity, int* s_rows_st, int cur, int t) {
+  static_assert(kSets == 2 || kSets == 3, "rows in flight before the stage wait: 8 or 12");
   uint32_t tx;  // re-read per tile (opaque): keeps the per-lane offsets from being hoisted and spilled (fp8_tile)
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
   const int r0 = 16 * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
@@ -482,9 +485,10 @@ __device__ __forceinline__ void fp8v_tile(uint8_t* stage, const int* rows, const
   asm("mov.b64 %0, %1;\n" : "=l"(kb.k2) : "l"(kv + 16 * u + 8 - 8 * h));
   asm("mov.b64 %0, %1;\n" : "=l"(kb.ks) : "l"(kv + 576 + (u >> 2)));
   const int* wrows = rows + r0;
-  Fp8vRows a, b;
+  Fp8vRows a, b, c;  // (c: kSets 3 only)
   fp8v_load4(a, wrows, kb);
   fp8v_load4(b, wrows + 4, kb);
+  if constexpr (kSets == 3) fp8v_load4(c, wrows + 8, kb);
   uint2 rp[4][2];  // RoPE: rows r0 + (lane >> 3) + 4 j, bytes 448 + 16 (lane & 7) ..
   const int e = lane & 7, rl = lane >> 3;
   asm("mov.b64 %0, %1;\n" : "=l"(kvr) : "l"(kv + 448 + 16 * e));
@@ -506,58 +510,19 @@ __device__ __forceinline__ void fp8v_tile(uint8_t* stage, const int* rows, const
   }
   const uint32_t base = st + (uint32_t)(u >> 2) * kSub + (uint32_t)r0 * 128u;
   const uint32_t l5 = ((uint32_t)(u & 3) << 5) | ((uint32_t)h << 4);
+  if constexpr (kSets == 3) {
+    fp8v_store4<0>(base, a, l5, true, wrows + 12, kb);  // rows 0..3, each reloaded at once with row 12 + i
+    fp8v_store4<4>(base, b, l5, false, wrows, kb);
+    fp8v_store4<0>(base + 1024u, c, l5, false, wrows, kb);
+    fp8v_store4<4>(base + 1024u, a, l5, false, wrows, kb);
+  } else {
 #pragma unroll 1
-  for (int k = 0; k < 2; ++k) {  // rows 8 k .. 8 k + 7 of the warp: a = the first 4, b = the next 4
-    const uint32_t bk = base + (uint32_t)k * 1024u;
-    fp8v_store4<0>(bk, a, l5, k == 0, wrows + 8, kb);  // k 0: rows 8..11 into a, row by row
-    fp8v_store4<4>(bk, b, l5, k == 0, wrows + 12, kb);
+    for (int k = 0; k < 2; ++k) {  // rows 8 k .. 8 k + 7 of the warp: a = the first 4, b = the next 4
+      const uint32_t bk = base + (uint32_t)k * 1024u;
+      fp8v_store4<0>(bk, a, l5, k == 0, wrows + 8, kb);  // k 0: rows 8..11 into a, row by row
+      fp8v_store4<4>(bk, b, l5, k == 0, wrows + 12, kb);
+    }
   }
-}
-
-// kOptVecWide: fp8v_tile with 12 of the warp's 16 rows (3 x 4) loaded before the stage wait (fp8v_tile: 8); the last 4
-// reuse the first set's registers, reloaded row by row as rows 0..3 are stored.
-__device__ __forceinline__ void fp8v_tile_w(uint8_t* stage, const int* rows, const uint8_t* kv, bool wait, uint32_t bar,
-                                            uint32_t parity, int* s_rows_st, int cur, int t) {
-  uint32_t tx;  // re-read per tile (opaque), as fp8v_tile
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
-  const int r0 = 16 * (int)((tx - kConsumers) >> 5), lane = (int)(tx & 31);
-  const int u = min(lane, 27);
-  const int h = (u >> 2) & 1;
-  Fp8vBase kb;
-  const uint8_t* kvr;
-  asm("mov.b64 %0, %1;\n" : "=l"(kb.k1) : "l"(kv + 16 * u + 8 * h));
-  asm("mov.b64 %0, %1;\n" : "=l"(kb.k2) : "l"(kv + 16 * u + 8 - 8 * h));
-  asm("mov.b64 %0, %1;\n" : "=l"(kb.ks) : "l"(kv + 576 + (u >> 2)));
-  const int* wrows = rows + r0;
-  Fp8vRows a, b, c;
-  fp8v_load4(a, wrows, kb);
-  fp8v_load4(b, wrows + 4, kb);
-  fp8v_load4(c, wrows + 8, kb);
-  uint2 rp[4][2];
-  const int e = lane & 7, rl = lane >> 3;
-  asm("mov.b64 %0, %1;\n" : "=l"(kvr) : "l"(kv + 448 + 16 * e));
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int row = wrows[rl + 4 * j];
-    uint32_t unused;
-    const uint8_t* p = kvr + (int64_t)row * kFp8Row;
-    ldg_unit_if(p, p + 8, p, row, rp[j][0], rp[j][1], unused);
-  }
-  if (wait) mbar_wait(bar, parity);
-  if (t < kBN) s_rows_st[t] = cur;
-  const uint32_t st = smem_u32(stage);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t addr =
-        st + 7u * kSub + (uint32_t)(r0 + rl + 4 * j) * 128u + (uint32_t)((e ^ ((rl + 4 * j) & 7)) << 4);
-    sts128(addr, make_uint4(rp[j][0].x, rp[j][0].y, rp[j][1].x, rp[j][1].y));
-  }
-  const uint32_t base = st + (uint32_t)(u >> 2) * kSub + (uint32_t)r0 * 128u;
-  const uint32_t l5 = ((uint32_t)(u & 3) << 5) | ((uint32_t)h << 4);
-  fp8v_store4<0>(base, a, l5, true, wrows + 12, kb);  // rows 0..3, each reloaded at once with row 12 + i
-  fp8v_store4<4>(base, b, l5, false, wrows, kb);
-  fp8v_store4<0>(base + 1024u, c, l5, false, wrows, kb);
-  fp8v_store4<4>(base + 1024u, a, l5, false, wrows, kb);
 }
 
 // EXTRA: threads t < 64 (producer warps 0, 1: whole warps) publish whether stage s's tile has a valid row, before the
@@ -1118,7 +1083,7 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
       if constexpr ((OPT & kOptVec) != 0) {
         static_assert((OPT & kOptWideFp8) == 0, "kOptVec has its own batching (88 producer registers)");
         if constexpr ((OPT & kOptVecWide) != 0) {
-          fp8v_tile_w(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
+          fp8v_tile<3>(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
         } else {
           fp8v_tile(stage, rows, kv_base, wait, bar_empty + 8 * s, parity, s_rows + s * kBN, cur, t);
         }
