@@ -1117,8 +1117,31 @@ __device__ __forceinline__ void producer_p(uint8_t* smem, const uint8_t* kv_base
   if constexpr (!FP8) cp_wait_all();  // no thread exits with copies in flight
 }
 
-// Q [64 heads, 512] of (tok, head block hb) -> the swizzled Q buffer by the 256 consumer threads (cp.async, committed;
-// the caller waits).
+// A persistent consumer's item start: its Q [64 heads, 512] in place in shared memory (loaded now unless the previous
+// item's last tile already issued it), visible to both consumer warpgroups.
+__device__ __forceinline__ void item_q_ready(const __nv_bfloat16* q, const Params& p, const Item& it, uint32_t q_base,
+                                             int tid, bool q_loaded) {
+  if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
+  cp_wait_all();
+  fence_async_smem();
+  named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+}
+
+// Tile g's places in the one-scorer loops: ring stage, its smem address, its row ids, the [alpha 64][running max 64]
+// hand-over and the P tile (both double-buffered by tile parity).
+struct TileSlots {
+  int st;
+  uint32_t kv_base;
+  const int* s_rows;
+  float* xr;
+  uint8_t* p_tile;
+};
+__device__ __forceinline__ TileSlots tile_slots(uint8_t* smem, uint32_t ring_base, uint32_t g) {
+  const int st = g % kStages;
+  return {st, ring_base + st * kStageBytes, reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN,
+          reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128, smem + Smem::p + (g & 1) * kSub};
+}
+
 // ws3's consumers over the CTA's items: per item, Q (loaded by the previous item's last tile, else now), the tiles of
 // the stream in order (g counts across items, as the producer's), then the epilogue (out / lse or the partials).
 template <int OPT>
@@ -1135,10 +1158,7 @@ __device__ __forceinline__ void consumer_p(uint8_t* smem, const __nv_bfloat16* q
     const Item it = item_of(w, p, n_tiles);
     const int64_t wn = w + gridDim.x;
     const Item nx = item_of(wn < items ? wn : w, p, n_tiles);
-    if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
-    cp_wait_all();
-    fence_async_smem();
-    named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+    item_q_ready(q, p, it, q_base, tid, q_loaded);
     q_loaded = false;
     float acc[128];
 #pragma unroll
@@ -1209,6 +1229,18 @@ __device__ __forceinline__ void lazy_rescale(float* acc, const float* alpha) {
   }
 }
 
+// Warpgroup 0 of the one-scorer loops, S_g complete in s: softmax_g (P_g, alpha_g, m_g into shared memory), its O half
+// rescaled, then P_g / alpha_g / m_g published to warpgroup 1 (named barrier).
+template <bool LAZY>
+__device__ __forceinline__ void wg0_softmax_publish(float* s, float* acc, float* alpha, float* m_run, float* l_run,
+                                                    const int* s_rows, float* xr, uint8_t* p_tile, int r0, int lane,
+                                                    float qk_scale) {
+  softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, qk_scale);
+  lazy_rescale<LAZY>(acc, alpha);
+  fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
+  named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
+}
+
 // Warpgroup 1 of the one-scorer loops: wait for warpgroup 0's P_g / alpha_g / m_g (named barrier), take its rows'
 // alpha and running max from xr, rescale its O half.
 template <bool LAZY>
@@ -1240,21 +1272,14 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
     const Item it = item_of(w, p, n_tiles);
     const int64_t wn = w + gridDim.x;
     const Item nx = item_of(wn < items ? wn : w, p, n_tiles);
-    if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
-    cp_wait_all();
-    fence_async_smem();
-    named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+    item_q_ready(q, p, it, q_base, tid, q_loaded);
     q_loaded = false;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 1: l_run stays 0 (finish adds it)
     for (int i = 0; i < it.n; ++i, ++g) {
-      const int st = g % kStages;
-      const uint32_t kv_base = ring_base + st * kStageBytes;
-      const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
-      float* xr = reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128;  // [alpha 64][running max 64]
-      uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
+      const auto [st, kv_base, s_rows, xr, p_tile] = tile_slots(smem, ring_base, g);
       float alpha[2];
       mbar_wait(bar_full + 8 * st, (g / kStages) & 1);
       if (wg == 0) {
@@ -1265,10 +1290,7 @@ __device__ __forceinline__ void consumer_p1(uint8_t* smem, const __nv_bfloat16* 
         wg_commit();
         wg_wait<0>();
         reg_fence<32>(s);
-        softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
-        lazy_rescale<LAZY>(acc, alpha);
-        fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
-        named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
+        wg0_softmax_publish<LAZY>(s, acc, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
       } else {
         wg1_take_alpha<LAZY>(acc, alpha, m_run, xr, r0);
       }
@@ -1329,10 +1351,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const Item it = item_of(w, p, n_tiles);
     const int64_t wn = w + gridDim.x;
-    if (!q_loaded) issue_q(q, p, it.tok, it.hb, q_base, tid);
-    cp_wait_all();
-    fence_async_smem();
-    named_bar(kBarConsumers, kConsumers);  // Q of this item in place (also: the last item's lsum reads are done)
+    item_q_ready(q, p, it, q_base, tid, q_loaded);
     q_loaded = false;
     float acc[128];
 #pragma unroll
@@ -1340,11 +1359,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 1: l_run stays 0 (finish adds it)
     bool have = false;  // warpgroup 0: S_g already in s (issued early, complete)
     for (int i = 0; i < it.n; ++i, ++g) {
-      const int st = g % kStages;
-      const uint32_t kv_base = ring_base + st * kStageBytes;
-      const int* s_rows = reinterpret_cast<const int*>(smem + Smem::rows) + st * kBN;
-      float* xr = reinterpret_cast<float*>(smem + Smem::red) + (g & 1) * 128;  // [alpha 64][running max 64]
-      uint8_t* p_tile = smem + Smem::p + (g & 1) * kSub;
+      const auto [st, kv_base, s_rows, xr, p_tile] = tile_slots(smem, ring_base, g);
       const bool more = i + 1 < it.n;  // tile g + 1 is this item's (same Q): its scores may go out early
       bool pre = false;                // warpgroup 0: S_{g+1} issued in this iteration
       float alpha[2];
@@ -1359,10 +1374,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
         }
         if (more) pre = tile_landed_wg0(bar_full, g + 1);
         if (pre) issue_next_scores(sn, q_base, ring_base, bar_full, g + 1);
-        softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
-        lazy_rescale<LAZY>(acc, alpha);
-        fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
-        named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
+        wg0_softmax_publish<LAZY>(s, acc, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
       } else {
         wg1_take_alpha<LAZY>(acc, alpha, m_run, xr, r0);
       }
