@@ -11,6 +11,7 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fm_prefill  flash_mla default on a BF16 cache, prefill t 4,096, topk 640
   fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
   fp8_db_t4   deep_gemm fp8_db with the TMA producer, 4 stages (session 10: is it L2-bound?), same shape
+  fp8_wide_t4 deep_gemm fp8_wide (128 x 256 tiles, one temporary; session 12), 4 stages, same shape
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
   fm_hca1     flash_mla public sparse_attn_decode, BF16 cache, b 1 x s_q 1, HCA at 1M context (128 window + 8,192
               compressed rows): the split kernel and its merge (the 3 TB/s goal's case)
@@ -42,7 +43,7 @@ def _w4a8(impl: str) -> Callable[[], object]:
     return calls[impl][0]
 
 
-def _fp8_db(tma: bool = False, stages: int = 5) -> Callable[[], object]:
+def _fp8_db(tma: bool = False, stages: int = 5, wide: bool = False) -> Callable[[], object]:
     import bench_dg_w4a8_ws as ws
 
     from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
@@ -52,7 +53,7 @@ def _fp8_db(tma: bool = False, stages: int = 5) -> Callable[[], object]:
     b = ws._fp8_bytes((g, n, k), "cuda")
     sfb = torch.rand(g, n // 128, k // 128, device="cuda") + 0.5
     out = torch.empty(op["m"], n, device="cuda", dtype=torch.bfloat16)
-    kw = dict(stages=stages, tma=tma)
+    kw = dict(stages=stages, tma=tma, wide=wide)
     return lambda: db.m_grouped_fp8_gemm_nt_offsets_db(op["a"], op["sfa"], b, sfb, op["offs"], out, **kw)
 
 
@@ -98,6 +99,7 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fp8_grouped": lambda: _w4a8("fp8_grouped_api"),
     "fp8_db": _fp8_db,
     "fp8_db_t4": lambda: _fp8_db(tma=True, stages=4),
+    "fp8_wide_t4": lambda: _fp8_db(tma=True, stages=4, wide=True),
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
     "fm_fp8v": lambda: _attn("fp8", "ws3p1v", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),

@@ -3,11 +3,13 @@
 Dense: m 4096 / 16384 x (n, k) in the issue's set with n % 128 == 0; rows: the API's `fp8_gemm_nt` (CUTLASS on the
 H200: today's default), `fp8_db_s5` / `fp8_db_s4` / `fp8_db_s5_stagger` (backends/cuda/cuda_fp8_db.py: ring depth
 5 / 4; consumer warpgroup 1 started ~1 us late), `fp8_db_t5` / `fp8_db_t4` (the TMA producer, tma=True; session 9,
-first GPU run) and `torch._scaled_mm` with row-wise scales (cuBLAS; another scaling, the throughput reference).
+first GPU run), `fp8_wide_t4` / `fp8_wide_t3` (128 x 256 tiles, wide=True; session 12, first GPU run: n % 256 == 0
+cases only) and `torch._scaled_mm` with row-wise scales (cuBLAS; another scaling, the throughput reference).
 Grouped: 256 experts x 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up and (4096, 2048) down; rows:
 the API's `m_grouped_fp8_gemm_nt_contiguous` (CUTLASS grouped) and fp8_db on the same operands (offs form). Every
-fp8_db row records calc_diff vs the API's output of the same case, x_s5 (vs fp8_db_s5) and bits_eq_s5 (the TMA rows
-must be True); x_api / x_cublas come from the same run.
+fp8_db / fp8_wide row records calc_diff vs the API's output of the same case, x_s5 (vs fp8_db_s5), x_t4 (vs
+fp8_db_t4) and bits_eq_s5 (the TMA and wide rows must be True); the wide rows also bits_eq_t4 (must be True); x_api /
+x_cublas come from the same run.
 
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --out RESULT.json   # H200, < 90 s
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --smoke             # CPU, tiny (validation + API)
@@ -41,7 +43,7 @@ DENSE_NK = ((4096, 8192), (2048, 4096), (4096, 2048), (32768, 1024), (8192, 1024
 GROUPED = {"gate_up": (4096, 4096), "down": (4096, 2048)}
 TPES = (256, 1024)
 EXPERTS = 256
-API, CUBLAS, S5 = "api", "torch_scaled_mm_rowwise", "fp8_db_s5"
+API, CUBLAS, S5, T4 = "api", "torch_scaled_mm_rowwise", "fp8_db_s5", "fp8_db_t4"
 BUDGET_S = 80.0
 
 
@@ -52,23 +54,31 @@ def _fp8(shape: tuple[int, ...], dev: str) -> torch.Tensor:
 
 
 def _db_impls(a, sfa, b, sfb, offs, out_shape, dev) -> dict:  # noqa: ANN001
-    """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form): cp.async first, then TMA."""
+    """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form): cp.async first, then TMA,
+    then the 128 x 256 tiles (only where n % 256 == 0)."""
     impls = {}
     for stages, stagger, tma in sorted(db.compiled_variants(), key=lambda v: (v[2], -v[0], v[1])):
+        if tma == db.WIDE and out_shape[1] % 256 != 0:
+            continue
         out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
 
         def run(s: int = stages, t: int = stagger, m: int = tma, out: torch.Tensor = out) -> object:
             return db.m_grouped_fp8_gemm_nt_offsets_db(
-                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m)
+                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m), wide=m == db.WIDE
             )
 
-        impls[db.variant_name(stages, bool(stagger), bool(tma))] = (run, out)
+        impls[db.variant_name(stages, bool(stagger), tma)] = (run, out)
     return impls
 
 
+def _bits_eq(impls: dict, name: str, ref: str) -> bool:
+    return bool(torch.equal(impls[name][1].view(torch.int16), impls[ref][1].view(torch.int16)))
+
+
 def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
-    """Time every impl; records with TFLOPS, x_api, x_cublas and (fp8_db rows) calc_diff vs the API's output, x_s5
-    (speed-up over fp8_db_s5, the cp.async producer) and bits_eq_s5 (output bit-equal to fp8_db_s5's)."""
+    """Time every impl; records with TFLOPS, x_api, x_cublas and (fp8_db / fp8_wide rows) calc_diff vs the API's
+    output, x_s5 / x_t4 (speed-up over fp8_db_s5, the cp.async producer / fp8_db_t4, the TMA producer), bits_eq_s5
+    (output bit-equal to fp8_db_s5's) and, wide rows, bits_eq_t4."""
     recs, times = [], {}
     for name, (fn, _) in impls.items():
         rec = {**case, "impl": name}
@@ -79,15 +89,17 @@ def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
         name = rec["impl"]
         if name not in times:
             continue
-        for key, ref in (("x_api", API), ("x_cublas", CUBLAS), ("x_s5", S5)):
+        for key, ref in (("x_api", API), ("x_cublas", CUBLAS), ("x_s5", S5), ("x_t4", T4)):
             if ref in times:
                 rec[key] = times[ref] / times[name]
-        if name.startswith("fp8_db") and base is not None:
+        if name.startswith("fp8_") and base is not None:
             out = impls[name][1]
             rows = slice(None, None, 7) if out.numel() > (1 << 26) else slice(None)  # bound the float64 copies
             rec["diff_vs_api"] = float(calc_diff(out[rows].double(), base[rows].double()))
-        if name.startswith("fp8_db") and name != S5 and S5 in times:
-            rec["bits_eq_s5"] = bool(torch.equal(impls[name][1].view(torch.int16), impls[S5][1].view(torch.int16)))
+        if name.startswith("fp8_") and name != S5 and S5 in times:
+            rec["bits_eq_s5"] = _bits_eq(impls, name, S5)
+        if name.startswith("fp8_wide") and T4 in times:
+            rec["bits_eq_t4"] = _bits_eq(impls, name, T4)
     return recs
 
 
@@ -123,25 +135,26 @@ def _line(r: dict) -> str:
     shape = f"m={r.get('m')} n={r.get('n')} k={r.get('k')}" + (f" tpe={r['tpe']}" if "tpe" in r else "")
     if "error" in r:
         return f"{r.get('op')} {shape} {r['impl']}: ERROR {r['error']}"
-    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_cublas", "x_s5") if key in r)
+    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_cublas", "x_s5", "x_t4") if key in r)
     diff = f" diff_vs_api={r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
-    diff += f" bits_eq_s5={r['bits_eq_s5']}" if "bits_eq_s5" in r else ""
+    diff += "".join(f" {key}={r[key]}" for key in ("bits_eq_s5", "bits_eq_t4") if key in r)
     return f"{r['op']} {shape} {r['impl']}: {r['median_us']:.1f} us {r['tflops']:.0f} TFLOPS {xs}{diff}"
 
 
 def table(path: str) -> str:
     recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | x s5 "
-            "| calc_diff vs API |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | x s5 | x t4 "
+            "| calc_diff vs API | bits = t4 |", "|---" * 15 + "|"]  # fmt: skip
     for r in recs:
         head = f"| {r.get('op', '')} | {r.get('m', '')} | {r.get('n', '')} | {r.get('k', '')} | {r.get('tpe', '')}"
         if "error" in r:
-            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | | |")
+            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | | | | |")
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas", "x_s5"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas", "x_s5", "x_t4"))
         diff = f"{r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
+        eq = str(r["bits_eq_t4"]) if "bits_eq_t4" in r else ""
         rows.append(f"{head} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f} | {r['pct_fp8_ceiling']:.0f} | "
-                    f"{xs} | {diff} |")  # fmt: skip
+                    f"{xs} | {diff} | {eq} |")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -7,6 +7,9 @@ m not a multiple of 128, empty groups, k = 128 (one block: only the drain), k = 
 rows past offs[-1] untouched; dense == one group (bit-equal); stages 4 == 5 (bit-equal); vs the API's output.
 The TMA-producer variants (tma=1, `fp8_db_t5` / `fp8_db_t4`) run every oracle case and must be BIT-equal to
 `fp8_db_s5` (same shared-memory bytes, same math), also at m % 128 != 0 (TMA zero-fills rows past m), m = 1, k = 128.
+The 128 x 256 tile variants (wide=True, tma mode 2, `fp8_wide_t4` / `fp8_wide_t3`; not yet run on a GPU when these
+tests were written) must be BIT-equal to `fp8_db_t4` (same four wgmmas per element and k block, same promotion order)
+on every n % 256 == 0 oracle case, and within the float64-oracle bound; CPU: their n % 256 validation and ptxas check.
 The kernel's mbarrier waits trap after 2^30 polls (watchdog): a protocol bug fails a test instead of hanging. Run this
 file in its own pytest process on the GPU.
 """
@@ -27,6 +30,8 @@ from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
 
 FP8 = torch.float8_e4m3fn
 DIFF_LIMIT = 1e-5
+NARROW = tuple(v for v in db.VARIANTS if v[2] != db.WIDE)  # 128 x 128 tiles
+WIDE = tuple(v for v in db.VARIANTS if v[2] == db.WIDE)  # 128 x 256 tiles
 
 
 def _ops(counts: list[int], n: int, k: int, seed: int, dev: str = "cpu", extra: int = 3) -> tuple:
@@ -77,6 +82,23 @@ def test_grouped_validation(name: str, bad: torch.Tensor, exc: type, words: str)
         db.m_grouped_fp8_gemm_nt_offsets_db(**args)
 
 
+@pytest.mark.parametrize("n", [128, 384])
+def test_wide_validation(n: int) -> None:
+    """wide=True needs n % 256 == 0 (one tile is 256 columns); the error names b."""
+    args = _good(n=n)
+    with pytest.raises(ValueError, match=re.escape("b: expected n % 256 == 0 with wide=True")):
+        db.m_grouped_fp8_gemm_nt_offsets_db(**args, wide=True)
+    a, sfa = args["a"], args["sfa"]
+    with pytest.raises(ValueError, match=re.escape("b: expected n % 256 == 0")):
+        db.fp8_gemm_nt_db(a, sfa, args["b"][0], args["sfb"][0], args["out"], wide=True)
+
+
+def test_variant_names() -> None:
+    assert db.variant_name(5, False, True) == "fp8_db_t5"
+    assert [db.variant_name(s, bool(t), w) for s, t, w in WIDE] == ["fp8_wide_t4", "fp8_wide_t3"]
+    assert db.DEFAULT_WIDE_STAGES in [v[0] for v in WIDE]
+
+
 def test_dense_validation() -> None:
     a, sfa = torch.zeros(5, 256, dtype=FP8), torch.ones(5, 2)
     out = torch.empty(5, 128, dtype=torch.bfloat16)
@@ -102,11 +124,21 @@ def test_valid_operands_reach_the_launch() -> None:
     exc = ValueError if db.available() else RuntimeError
     with pytest.raises(exc, match="CUDA tensor|not built"):
         db.m_grouped_fp8_gemm_nt_offsets_db(**_good())
+    with pytest.raises(exc, match="CUDA tensor|not built"):
+        db.m_grouped_fp8_gemm_nt_offsets_db(**_good(n=256), wide=True)  # stages None: DEFAULT_WIDE_STAGES
+
+
+def _ptxas_entries(stderr: str) -> dict[str, str]:
+    """{mangled entry name: its ptxas -v lines} of one nvcc run."""
+    parts = re.split(r"ptxas info\s*: Compiling entry function '(\w+)'", stderr)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_fp8_db_sm90_compile() -> None:
-    """nvcc 13 builds dg_fp8_db.cu for sm_90a: no spills / stack, no wgmma serialisation (C7510 / C7512 / C7514:
-    the two temporaries must stay in flight), <= 168 registers at launch (65536 / 384; setmaxnreg moves the rest)."""
+    """nvcc 13 builds dg_fp8_db.cu for sm_90a: no spills / stack, no wgmma serialisation (C7508, C7510 .. C7520:
+    the two temporaries must stay in flight), <= 168 registers at launch (65536 / 384; setmaxnreg moves the rest).
+    Every kernel is checked on its own lines, the wide ones (fp8_wide_kernel: acc[128] + one temporary at setmaxnreg
+    232, producer 40) included."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
@@ -114,14 +146,17 @@ def test_fp8_db_sm90_compile() -> None:
            str(_CSRC / "dg_fp8_db.cu"), "-o", os.devnull]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    kernels = re.findall(r"Compiling entry function '(\w*fp8_db_(?:tma_)?kernel\w*)'", res.stderr)
+    entries = _ptxas_entries(res.stderr)
+    kernels = {name: info for name, info in entries.items() if re.search(r"fp8_(?:db_(?:tma_)?|wide_)kernel", name)}
     assert len(kernels) == len(db.VARIANTS), res.stderr[-2000:]
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", res.stderr)]
-    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
-    assert max(regs) <= 168 and max(frames) == 0 and max(spills) == 0, res.stderr[-3000:]
-    for code in ("C7510", "C7512", "C7514", "C7508"):
-        assert code not in res.stderr, res.stderr[-3000:]
+    assert sum("fp8_wide_kernel" in name for name in kernels) == len(WIDE), list(kernels)
+    for name, info in kernels.items():
+        regs = int(re.search(r"Used (\d+) registers", info).group(1))
+        frame = int(re.search(r"(\d+) bytes stack frame", info).group(1))
+        spill = int(re.search(r"(\d+) bytes spill stores", info).group(1))
+        assert regs <= 168 and frame == 0 and spill == 0, f"{name}: {info}"
+    bad = re.findall(r"C75(?:0[89]|1\d|20)", res.stderr)
+    assert not bad, res.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- GPU
@@ -164,7 +199,7 @@ def _assert_close(out: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @pytest.mark.gpu
 @needs_kernel
-@pytest.mark.parametrize(("stages", "stagger", "tma"), db.VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("stages", "stagger", "tma"), NARROW, ids=lambda v: str(v))
 @pytest.mark.parametrize(
     ("counts", "n", "k", "ctas"),
     [
@@ -306,3 +341,70 @@ def test_gpu_cuda_graph_new_offs() -> None:
     torch.cuda.synchronize()
     _assert_close(out, _oracle(a, sfa, b, sfb, [0, 70, 0, 30]), "graph replay with new offs")
     assert out[100:].isnan().all()
+
+
+# ---------------------------------------------------------------- GPU: the 128 x 256 tile kernel (wide)
+
+WIDE_CASES = [  # (counts, n, k, extra rows past offs[-1], ctas): the oracle / TMA cases with n % 256 == 0
+    ([3, 0, 130, 64, 1], 256, 512, 3, 0),  # empty group, partial tiles, 2 m tiles in one group
+    ([200, 17], 512, 128, 3, 3),  # k = 128: one block per tile; few CTAs, several tiles each
+    ([0, 0, 40], 256, 7168, 3, 0),  # leading empty groups, k = 7168 (56 blocks: the ring wraps many times)
+    ([300], 256, 1024, 0, 2),  # m % 128 != 0 (rows past m zero-filled by TMA), 2 CTAs
+    ([256] * 6, 512, 2048, 3, 0),  # full tiles, many k blocks per tile
+    ([5, 9, 140], 256, 384, 3, 1),  # one CTA walks every tile; rows past offs[-1] (< m) loaded, never stored
+    ([70, 0, 129], 768, 128, 0, 0),  # ragged groups, 3 n tiles, k = 128
+    ([1], 256, 128, 0, 0),  # m = 1, one block
+    ([1], 512, 1024, 0, 0),  # m = 1, several blocks, 2 n tiles
+]
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize(("stages", "stagger", "tma"), WIDE, ids=lambda v: str(v))
+@pytest.mark.parametrize(("counts", "n", "k", "extra", "ctas"), WIDE_CASES)
+def test_gpu_wide_bit_equal_t4(
+    stages: int, stagger: int, tma: int, counts: list[int], n: int, k: int, extra: int, ctas: int
+) -> None:
+    """fp8_wide_t{stages} == fp8_db_t4 bit for bit (same wgmmas per element and k block, same promotion order),
+    within the float64-oracle bound, rows past offs[-1] untouched."""
+    ops = _ops(counts, n, k, 211 + sum(counts) + n + k + stages, "cuda", extra=extra)
+    what = f"wide stages={stages} counts={counts} n={n} k={k} extra={extra} ctas={ctas}"
+    a, sfa, b, sfb, offs = ops
+    got = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    db.m_grouped_fp8_gemm_nt_offsets_db(a, sfa, b, sfb, offs, got, stages=stages, ctas=ctas, wide=True)
+    torch.cuda.synchronize()
+    _assert_bits(got, _run(ops, 4, ctas=ctas, tma=True), what)
+    _assert_close(got, _oracle(*ops[:4], counts), what)
+    assert got[sum(counts) :].isnan().all(), f"{what}: rows past offs[-1] were written"
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_wide_dense_and_graph() -> None:
+    """Dense entry point with wide=True (default stages) == fp8_db_t4, and a CUDA-graph replay of it."""
+    m, n, k = 333, 512, 512
+    a, sfa, b, sfb, _ = _ops([m], n, k, 78, "cuda", extra=0)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, wide=True)
+    torch.cuda.synchronize()
+    want = torch.empty_like(out)
+    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], want, stages=4, tma=True)
+    torch.cuda.synchronize()
+    _assert_bits(out, want, "dense wide")
+    graph = torch.cuda.CUDAGraph()
+    replay = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], replay, wide=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_bits(replay, out, "graph replay wide")
+
+
+@pytest.mark.skipif(not set(WIDE) <= set(db.compiled_variants()), reason="_C built without the wide kernel")
+def test_wide_launcher_checks() -> None:
+    """The C++ launcher rejects n % 256 != 0 for tma mode 2 before any CUDA call; the 4-stage ring fits at g = 4096."""
+    mod = db._module()
+    with pytest.raises(ValueError, match=re.escape("n % 256 == 0")):
+        mod.fp8_db_grouped(4, 0, db.WIDE, 0, 0, 0, 0, 0, 0, 4, 384, 128, 1, 0, 0)
+    assert 0 < mod.fp8_db_smem_bytes(4, db.MAX_GROUPS, db.WIDE) <= 227 * 1024
+    assert mod.fp8_db_smem_bytes(5, 1, db.WIDE) == -1

@@ -15,9 +15,11 @@ constexpr int kStaggerNs = 1000;  // ~2 k blocks of one CTA at full rate (stagge
 
 // Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and kernel (a launch under CUDA-graph
 // capture then only launches); returns the SM count.
-template <int NS, int STAGGER, bool TMA = false>
+template <int NS, int STAGGER, bool TMA = false, bool WIDE = false>
 cudaError_t opt_in(int* sms) {
-  if constexpr (TMA) {
+  if constexpr (WIDE) {
+    return dg_launch::opt_in_smem_once<fp8_wide_kernel<NS>>(WideLayout<NS>::bytes(kMaxGroups), sms);
+  } else if constexpr (TMA) {
     return dg_launch::opt_in_smem_once<fp8_db_tma_kernel<NS>>(DbLayout<NS>::bytes(kMaxGroups), sms);
   } else {
     return dg_launch::opt_in_smem_once<fp8_db_kernel<NS, STAGGER>>(DbLayout<NS>::bytes(kMaxGroups), sms);
@@ -56,51 +58,56 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// map <- the uint8 [rows, k] row-major matrix at base, box [128 rows, 128 k], 128-byte swizzle (the layout gmma_desc
-// reads; k bytes = 128 = the swizzle span), rows past `rows` zero-filled. Returns a CUresult (0: success).
-int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k) {
+// map <- the uint8 [rows, k] row-major matrix at base, box [box_rows, 128 k], 128-byte swizzle (the layout gmma_desc
+// reads; k bytes = 128 = the swizzle span; a 256-row box is two 128-row boxes back to back: the swizzle phase is the
+// row index mod 8), rows past `rows` zero-filled. box_rows <= 256 (TMA's box limit). Returns a CUresult (0: success).
+int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k, int box_rows = kBM) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
   if (fn == nullptr) return -1;
   const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
   const cuuint64_t strides[1] = {(cuuint64_t)k};  // bytes between rows (the innermost stride is implied)
-  const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)kBM}, elem[2] = {1, 1};
-  static_assert(kBM == kBN, "one box shape for A and B");
+  const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
   return static_cast<int>(fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
-// The TMA-producer kernel: tensor maps of A [m, k] and B [g * n, k] built per call (host only, ~us; passed by value,
-// so a CUDA-graph capture keeps them).
-template <int NS>
+// The TMA-producer kernels: tensor maps of A [m, k] and B [g * n, k] built per call (host only, ~us; passed by value,
+// so a CUDA-graph capture keeps them). WIDE: fp8_wide_kernel (B box 256 rows), else fp8_db_tma_kernel.
+template <int NS, bool WIDE = false>
 int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
+  const char* kind = WIDE ? "fp8_wide" : "fp8_db tma";
   DbMaps maps;
   int res = encode_kmajor(&maps.a, p.a, p.m, p.k);
   const char* which = "A";
   if (res == 0) {
-    res = encode_kmajor(&maps.b, p.b, p.g * p.n, p.k);
+    res = encode_kmajor(&maps.b, p.b, p.g * p.n, p.k, WIDE ? 2 * kBN : kBN);
     which = "B";
   }
   if (res != 0) {
     if (msg != nullptr) {
       char buf[200];
-      std::snprintf(buf, sizeof(buf), "fp8_db tma stages=%d: cuTensorMapEncodeTiled of %s failed (%s %d)", NS, which,
+      std::snprintf(buf, sizeof(buf), "%s stages=%d: cuTensorMapEncodeTiled of %s failed (%s %d)", kind, NS, which,
                     res == -1 ? "entry point not found" : "CUresult", res);
       *msg = buf;
     }
     return static_cast<int>(cudaErrorInvalidValue);
   }
   int sms = 0;
-  const int smem = DbLayout<NS>::bytes(p.g);
-  cudaError_t err = opt_in<NS, 0, true>(&sms);
+  const int smem = WIDE ? WideLayout<NS>::bytes(p.g) : DbLayout<NS>::bytes(p.g);
+  cudaError_t err = opt_in<NS, 0, true, WIDE>(&sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;
-    fp8_db_tma_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
+    if constexpr (WIDE) {
+      fp8_wide_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
+    } else {
+      fp8_db_tma_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
+    }
     err = cudaGetLastError();
   }
   if (err != cudaSuccess && msg != nullptr) {
     char buf[200];
-    std::snprintf(buf, sizeof(buf), "fp8_db tma stages=%d smem=%d ctas=%d: %s", NS, smem, ctas,
+    std::snprintf(buf, sizeof(buf), "%s stages=%d smem=%d ctas=%d: %s", kind, NS, smem, ctas,
                   cudaGetErrorString(err));
     *msg = buf;
   }
@@ -110,10 +117,15 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
 }  // namespace
 
 std::vector<std::tuple<int, int, int>> fp8_db_variants() {
-  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}};
+  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {3, 0, 2}};
 }
 
-int fp8_db_smem_bytes(int stages, int g) {
+int fp8_db_smem_bytes(int stages, int g, int tma) {
+  if (tma == 2) {
+    if (stages == 4) return WideLayout<4>::bytes(g);
+    if (stages == 3) return WideLayout<3>::bytes(g);
+    return -1;
+  }
   if (stages == 4) return DbLayout<4>::bytes(g);
   if (stages == 5) return DbLayout<5>::bytes(g);
   return -1;
@@ -131,6 +143,12 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     *msg = buf;
     return -2;
   }
+  if (tma == 2 && n % (2 * kBN) != 0) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "fp8_wide (tma=2, 128 x 256 tiles): expected n %% 256 == 0, got n=%d", n);
+    *msg = buf;
+    return -2;
+  }
   if (m == 0) return 0;
   DbParams p{reinterpret_cast<const uint8_t*>(a), reinterpret_cast<const float*>(sfa),
              reinterpret_cast<const uint8_t*>(b), reinterpret_cast<const float*>(sfb),
@@ -139,6 +157,8 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
   if (tma != 0) {
     if (stages == 4 && stagger == 0 && tma == 1) return launch_tma<4>(p, ctas, s, msg);
     if (stages == 5 && stagger == 0 && tma == 1) return launch_tma<5>(p, ctas, s, msg);
+    if (stages == 4 && stagger == 0 && tma == 2) return launch_tma<4, true>(p, ctas, s, msg);
+    if (stages == 3 && stagger == 0 && tma == 2) return launch_tma<3, true>(p, ctas, s, msg);
     return -1;
   }
   if (stages == 4 && stagger == 0) return launch<4>(p, ctas, s, msg);

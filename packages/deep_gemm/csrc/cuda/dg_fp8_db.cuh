@@ -39,12 +39,35 @@
 // end but < m load the next group's bytes (the cp.async path loads zeros): their scales are still zero-filled and
 // those rows are never stored (each output row depends on its A row only), so the stored output is bit-equal.
 // Consumers, promotion, epilogue and tile order: shared code.
+//
+// WIDE variant (fp8_wide_kernel, "fp8_wide_t4" / "fp8_wide_t3", tma = 2; session 12, NOT YET RUN ON A GPU: compiled
+// and ptxas-checked only). Why: fp8_db_t4 runs the tensor pipe at ~55 % while shared memory is at ~75 % (Nsight
+// Compute): per 128-deep k block a 128 x 128 tile moves 48 KiB of wgmma operand reads + 32 KiB of TMA writes per 512
+// tensor clocks, 160 B/clk against ~128 B/clk. A 128 x 256 tile moves 96 + 48 KiB per 1024 clocks (144 B/clk):
+// the TMA bytes per FLOP drop by 25 %. Requires n % 256 == 0.
+//   Producer (warpgroup 0, setmaxnreg 40): db_producer_tma<S, true>: per stage thread 0 expect_tx(48 KiB) + the A box
+//     [128 rows, 128 k] + ONE B box [256 rows, 128 k] (a 256-row 128-byte-swizzled box is two 128-row boxes back to
+//     back, the swizzle phase being row mod 8: n half h starts at B + h * 16 KiB, where gmma_desc expects it);
+//     threads 0, 1 the two B scales, every thread one A scale by cp.async + .noinc arrive (as fp8_db_tma_kernel).
+//   Consumers (warpgroups 1, 2, setmaxnreg 232): rows 64 cw .. 64 cw + 63, all 256 columns: acc[128] (n half h in
+//     acc[64 h ..]) and ONE temporary t[64]. Per k block: full wait (no proxy fence: TMA wrote the operands), then for
+//     each half its four m64n128k32 wgmmas into t, wait_group 0, acc half += t * (sa * sb[h]); then the stage is
+//     released (one arrive per warp). Each output element sees the same four wgmmas over the same bytes and the same
+//     fp32 promotion in the same k order as fp8_db_t4: bit-equal. The two warpgroups interleave on the tensor pipe
+//     (one promotes while the other's wgmmas run); a second temporary (a group in flight across a promotion, as
+//     fp8_db) would need 128 + 2 * 64 registers + addresses > 232: not possible at this tile width.
+//   Registers: 128 * 40 + 256 * 232 = 64,512 = 384 * 168 (the launch share). ptxas: 0 spills, no C75xx warnings.
+//   Epilogue: straight from registers (a quad-shuffle transpose gives each lane 8 contiguous bf16 of a row: 16-byte
+//     stores, a warp writing whole 32-byte sectors), rows past the group end never stored. No staging tile: 4 stages
+//     x 48 KiB + scales + barriers + the 4,097-int prefix (g = 4096) + 1 KiB alignment = 216,292 bytes of the 227 KiB,
+//     leaving 16 KiB, less than two 64 x 128 bf16 staging halves (2 x 17 KiB). 3 stages: 166,604 bytes.
 #pragma once
 #include <cuda.h>  // CUtensorMap (the type only: no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dg_w4a8_grouped.cuh"  // smem_u32, gmma_desc, cp_async16 / 4, wg_* fences, reg_fence, group_rows, build_prefix
 #include "dg_w4a8_wgmma.cuh"    // wgmma_m64n128k32_e4m3
@@ -131,12 +154,14 @@ __device__ __forceinline__ void wg_sync(int cw) {
 // ------------------------------------------------------------------------------------------------ tile schedule
 
 struct DbTile {
-  int grp, row0, rend, n0;  // rows [row0, min(row0 + 128, rend)), B rows [n0, n0 + 128) of group grp
+  int grp, row0, rend, n0;  // rows [row0, min(row0 + 128, rend)), B rows [n0, n0 + tile width) of group grp
 };
 
 // Tile t (t < prefix[g]): its group by binary search of the tile prefix, then within the group panels of kPanel m
 // tiles: all n tiles of a panel before the next panel, m fastest within the panel (concurrent CTAs share B tiles and
 // a panel's A rows stay in L2).
+// kTileN: the tile width (kBN; 256 for fp8_wide_kernel).
+template <int kTileN = kBN>
 __device__ __forceinline__ DbTile db_decode(int t, const int* prefix, const DbParams& p, int n_tiles) {
   int lo = 0, hi = p.g - 1;
   while (lo < hi) {
@@ -153,7 +178,7 @@ __device__ __forceinline__ DbTile db_decode(int t, const int* prefix, const DbPa
   tile.grp = lo;
   tile.row0 = rows.x + (panel * kPanel + r % pm) * kBM;
   tile.rend = rows.x + rows.y;
-  tile.n0 = (r / pm) * kBN;
+  tile.n0 = (r / pm) * kTileN;
   return tile;
 }
 
@@ -162,12 +187,13 @@ struct DbCursor {
   int t, kb;  // local tile index of this CTA, k block
 };
 
+template <int kTileN = kBN>
 __device__ __forceinline__ void db_next(DbCursor& c, const DbParams& p, const int* prefix, int my_tiles, int kblocks,
                                         int n_tiles) {
   if (++c.kb == kblocks) {
     c.kb = 0;
     ++c.t;
-    if (c.t < my_tiles) c.tile = db_decode(blockIdx.x + c.t * gridDim.x, prefix, p, n_tiles);
+    if (c.t < my_tiles) c.tile = db_decode<kTileN>(blockIdx.x + c.t * gridDim.x, prefix, p, n_tiles);
   }
 }
 
@@ -226,12 +252,19 @@ __device__ void db_producer(const DbParams& p, uint8_t* smem, const int* prefix,
 // ------------------------------------------------------------------------------------------------ consumers
 
 // Wait for block sp's stage and issue its four wgmmas into t (scale-d 0 on the first: t needs no zeroing).
-template <int kStages>
+// kSpin: a plain spin instead of mbar_wait's watchdog (benchmarks/ceiling/wgmma_ceiling.cu: with the watchdog's
+// counter and trap path these consumers spilled there; the kernels keep the watchdog).
+template <int kStages, bool kSpin = false>
 __device__ __forceinline__ void db_issue(float* t, uint8_t* smem, int sp, int cw) {
   using L = DbLayout<kStages>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
   const int stage = sp % kStages;
-  mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
+  if constexpr (kSpin) {
+    while (!dg_w4a8::mbar_try_wait(&full[stage], (uint32_t)((sp / kStages) & 1))) {
+    }
+  } else {
+    mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
+  }
   fence_async_smem();  // cp.async (generic proxy) writes -> the wgmma's async-proxy reads
   const uint32_t st = smem_u32(smem + stage * L::kStage);
   const uint32_t a_base = st + cw * 64 * 128, b_base = st + L::kB;
@@ -309,16 +342,16 @@ __device__ __forceinline__ void db_finish(float* acc, float* t, uint8_t* smem, i
 
 // The k blocks sp0 .. sp0 + kblocks - 1 of one tile into acc, two blocks in flight: one commit group (ta's) is
 // outstanding at the loop head on every path, so every wait retires a known group. Returns with nothing in flight.
-template <int kStages>
+template <int kStages, bool kSpin = false>
 __device__ __forceinline__ void db_tile(float* acc, float* ta, float* tb, uint8_t* smem, int sp0, int kblocks, int cw,
                                         int wtid) {
-  db_issue<kStages>(ta, smem, sp0, cw);
+  db_issue<kStages, kSpin>(ta, smem, sp0, cw);
   int kb = 0;
   for (; kb + 1 < kblocks; kb += 2) {  // ta holds block kb, tb block kb + 1
-    db_issue<kStages>(tb, smem, sp0 + kb + 1, cw);
+    db_issue<kStages, kSpin>(tb, smem, sp0 + kb + 1, cw);
     db_finish<kStages, true>(acc, ta, smem, sp0 + kb, cw, wtid);
     if (kb + 2 < kblocks) {
-      db_issue<kStages>(ta, smem, sp0 + kb + 2, cw);
+      db_issue<kStages, kSpin>(ta, smem, sp0 + kb + 2, cw);
       db_finish<kStages, true>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
     } else {
       db_finish<kStages, false>(acc, tb, smem, sp0 + kb + 1, cw, wtid);
@@ -350,6 +383,23 @@ __device__ void db_consumer(const DbParams& p, uint8_t* smem, const int* prefix,
 
 // ------------------------------------------------------------------------------------------------ the kernel
 
+// Kernel prologue: thread 0 initialises the ring's mbarriers (full[s]: `arrivals`; empty[s] = full[S + s]: one arrive
+// per consumer warp), every thread builds the tile prefix. Returns this CTA's tile count (0: nothing to do).
+template <int kStages>
+__device__ __forceinline__ int db_start(const DbParams& p, uint64_t* full, int* scan, int* prefix, int n_tiles,
+                                        int arrivals) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], arrivals);
+      mbar_init(&full[kStages + s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  build_prefix<kBM, kThreads>(prefix, scan, p.offs, p.g, p.m, n_tiles);
+  const int total = prefix[p.g];
+  return total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+}
+
 template <int kStages, int kStagger = 0>
 __global__ void __launch_bounds__(kThreads, 1) fp8_db_kernel(const DbParams p) {
   using L = DbLayout<kStages>;
@@ -361,17 +411,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_db_kernel(const DbParams p) {
   const int tid = threadIdx.x;
   int* prefix = reinterpret_cast<int*>(smem + L::kPrefix);
   const int n_tiles = p.n / kBN, kblocks = p.k / kBK;
-  if (tid == 0) {
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);           // every producer thread's cp.async arrive
-      mbar_init(&full[kStages + s], 8);   // one arrive per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  build_prefix<kBM, kThreads>(prefix, reinterpret_cast<int*>(smem + L::kScan), p.offs, p.g, p.m, n_tiles);
-  const int total = prefix[p.g];
-  const int my_tiles = total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int my_tiles = db_start<kStages>(p, reinterpret_cast<uint64_t*>(smem + L::kBar),
+                                         reinterpret_cast<int*>(smem + L::kScan), prefix, n_tiles,
+                                         128);  // full[s]: every producer thread's cp.async arrive
   if (my_tiles == 0) return;
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
@@ -389,7 +431,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
-// The [128 rows, 128 k] box at (k0, row0) of `map` -> dst (1 KiB aligned, 128-byte swizzle); completes on `bar`.
+// The box of `map` ([128 or 256 rows, 128 k]) at (k0, row0) -> dst (1 KiB aligned, 128-byte swizzle); completes on
+// `bar`.
 __device__ __forceinline__ void tma_load_2d(uint8_t* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
@@ -430,10 +473,52 @@ __device__ __forceinline__ void db_load_tma(const DbParams& p, uint8_t* st, uint
   mbar_arrive_cp_async(full);
 }
 
+// fp8_wide_kernel's ring (top comment): stage s = A box [128, 128] + B box [256, 128] (n half h at kB + h * 16 KiB);
+// the scales live outside the stages so a stage stays exactly 48 KiB (a 1 KiB multiple: every box swizzle-aligned).
 template <int kStages>
+struct WideLayout {
+  static constexpr int kA = 0;                         // e4m3 [128, 128], 128-byte swizzle
+  static constexpr int kB = kBM * kBK;                 // e4m3 [256, 128], 128-byte swizzle
+  static constexpr int kStage = kB + 2 * kBN * kBK;    // 48 KiB
+  static constexpr int kSA = kStages * kStage;         // fp32 [S][128] A scales
+  static constexpr int kSB = kSA + kStages * kBM * 4;  // fp32 [S][2] B scales of the two n halves
+  static constexpr int kBar = kSB + kStages * 8;       // uint64 full[S], empty[S]
+  static constexpr int kScan = kBar + 16 * kStages;    // int [32] scan scratch
+  static constexpr int kPrefix = kScan + 128;          // int [g + 1]
+  static constexpr int bytes(int g) { return kPrefix + 4 * (g + 1) + 1024; }  // + 1 KiB alignment slack
+};
+static_assert(WideLayout<4>::bytes(kMaxGroups) <= 227 * 1024, "sm_90 opt-in shared memory limit (227 KiB)");
+constexpr uint32_t kWideTmaBytes = (kBM + 2 * kBN) * kBK;  // A + B boxes of one wide stage
+
+// Wide stage s <- k block kb of `tile`: as db_load_tma, with the 256-row B box and threads 0, 1 copying the B scales
+// of n halves 0, 1 (rows n0 / 128 + h of sfb[grp]).
+template <int kStages>
+__device__ __forceinline__ void wide_load_tma(const DbParams& p, uint8_t* smem, int s, const DbTile& tile, int kb,
+                                              int ptid, int ks, const DbMaps* maps) {
+  using L = WideLayout<kStages>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar) + s;
+  uint8_t* st = smem + s * L::kStage;
+  if (ptid == 0) {
+    mbar_arrive_expect_tx(full, kWideTmaBytes);
+    tma_load_2d(st + L::kA, &maps->a, kb * kBK, tile.row0, full);
+    tma_load_2d(st + L::kB, &maps->b, kb * kBK, tile.grp * p.n + tile.n0, full);
+  }
+  if (ptid < 2) {
+    const size_t sb_row = (size_t)tile.grp * (p.n / kBN) + tile.n0 / kBN + ptid;
+    cp_async4(smem_u32(smem + L::kSB + 8 * s + 4 * ptid), p.sfb + sb_row * ks + kb, true);
+  }
+  const int row = tile.row0 + ptid;
+  const bool ok = row < tile.rend;
+  cp_async4(smem_u32(smem + L::kSA + (s * kBM + ptid) * 4), p.sfa + (size_t)(ok ? row : 0) * ks + kb, ok);
+  mbar_arrive_cp_async(full);
+}
+
+// The TMA producer loop; kWide: fp8_wide_kernel's 128 x 256 tiles and stages (below), else fp8_db_tma_kernel's.
+template <int kStages, bool kWide = false>
 __device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                                 int n_tiles, const DbMaps* maps) {
-  using L = DbLayout<kStages>;
+  using L = std::conditional_t<kWide, WideLayout<kStages>, DbLayout<kStages>>;
+  constexpr int kTileN = kWide ? 2 * kBN : kBN;
   const int ptid = threadIdx.x;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* empty = full + kStages;
@@ -443,13 +528,17 @@ __device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* pre
   }
   const int steps = my_tiles * kblocks;
   DbCursor c;
-  c.tile = db_decode(blockIdx.x, prefix, p, n_tiles);
+  c.tile = db_decode<kTileN>(blockIdx.x, prefix, p, n_tiles);
   c.t = c.kb = 0;
   for (int lp = 0; lp < steps; ++lp) {
     const int s = lp % kStages;
     if (lp >= kStages) mbar_wait(&empty[s], (uint32_t)((lp / kStages - 1) & 1));
-    db_load_tma(p, smem + s * L::kStage, &full[s], c.tile, c.kb, ptid, kblocks, maps);
-    db_next(c, p, prefix, my_tiles, kblocks, n_tiles);
+    if constexpr (kWide) {
+      wide_load_tma<kStages>(p, smem, s, c.tile, c.kb, ptid, kblocks, maps);
+    } else {
+      db_load_tma(p, smem + s * L::kStage, &full[s], c.tile, c.kb, ptid, kblocks, maps);
+    }
+    db_next<kTileN>(c, p, prefix, my_tiles, kblocks, n_tiles);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
 }
@@ -467,17 +556,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x;
   int* prefix = reinterpret_cast<int*>(smem + L::kPrefix);
   const int n_tiles = p.n / kBN, kblocks = p.k / kBK;
-  if (tid == 0) {
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kTmaArrivals);
-      mbar_init(&full[kStages + s], 8);  // one arrive per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  build_prefix<kBM, kThreads>(prefix, reinterpret_cast<int*>(smem + L::kScan), p.offs, p.g, p.m, n_tiles);
-  const int total = prefix[p.g];
-  const int my_tiles = total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int my_tiles = db_start<kStages>(p, reinterpret_cast<uint64_t*>(smem + L::kBar),
+                                         reinterpret_cast<int*>(smem + L::kScan), prefix, n_tiles, kTmaArrivals);
   if (my_tiles == 0) return;
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
@@ -485,6 +565,139 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     db_consumer<kStages, 0>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ wide variant
+// fp8_wide_kernel (top comment): 128 x 256 tiles, consumer warpgroup cw owns rows 64 cw .. 64 cw + 63, all 256 columns.
+
+// One n half's four m64n128k32 wgmmas into t as one commit group, as db_issue's but with the read-write ("+f")
+// wrapper on all four, scale-d 0 on the first (D's old value ignored: the same products). With db_issue's write-only
+// first wgmma ptxas gave each n half's temporary its own registers (acc + two temporaries: 228 bytes spilled, still
+// 80 at 256 registers); read-write operands tie both halves (and every block) to the one t.
+__device__ __forceinline__ void wide_wgmma4(float* t, uint32_t a_base, uint32_t b_base) {
+  wg_arrive();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) wgmma_m64n128k32_e4m3(t, gmma_desc(a_base + 32 * j), gmma_desc(b_base + 32 * j), j > 0);
+  wg_commit();
+}
+
+// k block sp (ring slot sp % S) of both n halves into acc[128] (half h: acc[64 h .. 64 h + 63]) through the one
+// temporary t: the half's four wgmmas, wait, acc half += t * (sa * sb[h]); then the stage is released. No proxy fence
+// after the full wait: the wgmma operands were written by TMA (the async proxy; complete_tx orders them before the
+// phase flips) and the scales by cp.async, visible through the .noinc arrive, and are read with ordinary loads.
+template <int kStages>
+__device__ __forceinline__ void wide_block(float* acc, float* t, uint8_t* smem, int sp, int cw, int wtid) {
+  using L = WideLayout<kStages>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  const int stage = sp % kStages;
+  const float* sa = reinterpret_cast<const float*>(smem + L::kSA) + stage * kBM;
+  const float* sb = reinterpret_cast<const float*>(smem + L::kSB) + stage * 2;
+  const uint32_t st = smem_u32(smem + stage * L::kStage);
+  const int r0 = 64 * cw + 16 * (wtid >> 5) + ((wtid & 31) >> 2);
+  mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    wide_wgmma4(t, st + L::kA + cw * 64 * 128, st + L::kB + h * kBN * kBK);
+    const float sbh = sb[h];
+    const float s0 = sa[r0] * sbh, s1 = sa[r0 + 8] * sbh;  // as db_finish: the same fp32 products
+    wg_wait0();
+    reg_fence<64>(t);
+    db_promote(acc + 64 * h, t, s0, s1);
+  }
+  __syncwarp();
+  if ((wtid & 31) == 0) mbar_arrive(&full[kStages + stage]);  // empty[stage]: this warp's reads are done
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (q = lane & 3): lane q ends with word q of every lane,
+// in lane order. Two butterfly rounds (xor 2, then xor 1), each swapping two words with the partner; the word choices
+// are selects, never a register array indexed by q (that would go to local memory).
+__device__ __forceinline__ void quad_transpose(uint32_t* w, int q) {
+  const bool hi = (q & 2) != 0, odd = (q & 1) != 0;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  w[0] = hi ? r0 : w[0];
+  w[1] = hi ? r1 : w[1];
+  w[2] = hi ? w[2] : r0;
+  w[3] = hi ? w[3] : r1;
+  r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+  w[0] = odd ? r0 : w[0];
+  w[1] = odd ? w[1] : r0;
+  w[2] = odd ? r1 : w[2];
+  w[3] = odd ? w[3] : r1;
+}
+
+// acc -> bf16 straight from registers (no staging tile: the 4-stage ring leaves no room for one), then acc = 0.
+// A lane holds, per 32-column group g (acc[16 g .. 16 g + 15]), bf16 pairs at columns 32 g + 8 i + 2 q of rows r and
+// r + 8; after quad_transpose lane q holds the 8 contiguous columns 32 g + 8 q .. + 7 of each row: one 16-byte store
+// per row, a warp's store covering 64 contiguous bytes of 8 rows (whole 32-byte sectors). Rows >= rend not stored.
+__device__ __forceinline__ void wide_store(const DbParams& p, const DbTile& tile, float* acc, int cw, int wtid) {
+  const int lane = wtid & 31, q = lane & 3;
+  const int row = tile.row0 + 64 * cw + 16 * (wtid >> 5) + (lane >> 2);
+  const bool ok0 = row < tile.rend, ok1 = row + 8 < tile.rend;
+  __nv_bfloat16_raw* dst = p.out + (size_t)row * p.n + tile.n0 + 8 * q;
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    uint32_t w[4], x[4];  // rows r, r + 8
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = bf16x2_bits(acc[16 * g + 4 * i], acc[16 * g + 4 * i + 1]);
+      x[i] = bf16x2_bits(acc[16 * g + 4 * i + 2], acc[16 * g + 4 * i + 3]);
+    }
+    quad_transpose(w, q);
+    quad_transpose(x, q);
+    if (ok0) *reinterpret_cast<uint4*>(dst + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (ok1) *reinterpret_cast<uint4*>(dst + (size_t)8 * p.n + 32 * g) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+}
+
+template <int kStages>
+__device__ void wide_consumer(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
+                              int n_tiles) {
+  const int wtid = (threadIdx.x - 128) & 127, cw = (threadIdx.x - 128) >> 7;
+  float acc[128], t[64];  // t: read by every wgmma ("+f"; scale-d 0 ignores it): defined once
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) t[i] = 0.f;
+  for (int lt = 0; lt < my_tiles; ++lt) {
+    const DbTile tile = db_decode<2 * kBN>(blockIdx.x + lt * gridDim.x, prefix, p, n_tiles);
+    for (int kb = 0; kb < kblocks; ++kb) wide_block<kStages>(acc, t, smem, lt * kblocks + kb, cw, wtid);
+    wide_store(p, tile, acc, cw, wtid);
+  }
+}
+
+// The 128 x 256 tile kernel (top comment): maps.a = A [m, k] with box [128, 128], maps.b = B [g * n, k] with box
+// [256, 128] (dg_fp8_db.cu). n % 256 == 0. Consumers at 232 registers: acc[128] + t[64] + addresses; the producer at
+// 40 (128 * 40 + 256 * 232 = 384 * 168, the launch share).
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_wide_kernel(const DbParams p, const __grid_constant__ DbMaps maps) {
+  using L = WideLayout<kStages>;
+  static_assert(kStages >= 2, "the ring needs one stage loading while the consumers read another");
+  static_assert(L::kStage % 1024 == 0 && L::kB % 1024 == 0, "TMA 128-byte swizzle: 1 KiB aligned boxes");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // the swizzle atom (as fp8_db_kernel)
+  const int tid = threadIdx.x;
+  int* prefix = reinterpret_cast<int*>(smem + L::kPrefix);
+  const int n_tiles = p.n / (2 * kBN), kblocks = p.k / kBK;
+  const int my_tiles = db_start<kStages>(p, reinterpret_cast<uint64_t*>(smem + L::kBar),
+                                         reinterpret_cast<int*>(smem + L::kScan), prefix, n_tiles, kTmaArrivals);
+  if (my_tiles == 0) return;
+  if (tid < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    db_producer_tma<kStages, true>(p, smem, prefix, my_tiles, kblocks, n_tiles, &maps);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    wide_consumer<kStages>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

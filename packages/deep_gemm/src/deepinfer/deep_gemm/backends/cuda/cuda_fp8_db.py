@@ -12,8 +12,20 @@ the scales still by cp.async). Same shared-memory bytes, same math: bit-equal to
 `fp8_db_t4`; 49 GPU tests). H200: 1.20-1.60x the cp.async kernel, 0.80-1.08x the CUTLASS API (README). Stagger is
 not built with TMA.
 
-First version's limits: fp32 scales only, n % 128 == 0, k % 128 == 0, out bf16 16-byte aligned, a and b 16-byte
-aligned, <= MAX_GROUPS groups.
+`wide=True` (session 12; NOT YET MEASURED ON A GPU: compiled and ptxas-checked only): `fp8_wide_kernel`, 128 x 256
+tiles with the TMA producer (tma mode 2; names `fp8_wide_t4` / `fp8_wide_t3`, ring depth 4 / 3, default
+`DEFAULT_WIDE_STAGES`), n % 256 == 0. Why: fp8_db_t4 is bound by shared-memory bandwidth (per k block 48 KiB of wgmma
+operand reads + 32 KiB of TMA writes per 512 tensor clocks, 160 B/clk against ~128 B/clk; Nsight Compute: shared
+75 %, tensor pipe 55 %); a 256-wide tile cuts the TMA bytes per FLOP by 25 % (144 B/clk). Each consumer warpgroup
+owns 64 rows x 256 columns: acc[128] + ONE temporary[64] at setmaxnreg 232 (producer 40: 128 * 40 + 256 * 232 =
+384 * 168); per k block and n half: four m64n128k32 wgmmas into the temporary, wait, promote; so no wgmma stays in
+flight across a promotion within one warpgroup (the two consumer warpgroups interleave instead). Stage = A box
+[128, 128] + B box [256, 128] = 48 KiB; 4 stages + scales + the g = 4096 prefix = 216,292 bytes of 227 KiB, so the
+epilogue stores bf16 straight from registers (a quad-shuffle transpose makes 16-byte row stores) instead of a staging
+tile. Same per-element products and promotion order as `fp8_db_t4`: bit-equal (the GPU tests check it).
+
+First version's limits: fp32 scales only, n % 128 == 0 (wide: n % 256 == 0), k % 128 == 0, out bf16 16-byte aligned,
+a and b 16-byte aligned, <= MAX_GROUPS groups.
 """
 
 from __future__ import annotations
@@ -24,15 +36,20 @@ import torch
 
 from ..._backend import compiled_module
 
-__all__ = ["DEFAULT_STAGES", "MAX_GROUPS", "VARIANTS", "available", "compiled_variants", "fp8_gemm_nt_db",
-           "m_grouped_fp8_gemm_nt_offsets_db", "variant_name"]  # fmt: skip
+__all__ = ["DEFAULT_STAGES", "DEFAULT_WIDE_STAGES", "MAX_GROUPS", "VARIANTS", "WIDE", "available", "compiled_variants",
+           "fp8_gemm_nt_db", "m_grouped_fp8_gemm_nt_offsets_db", "variant_name"]  # fmt: skip
 
 FP8 = torch.float8_e4m3fn
 DEFAULT_STAGES = 5  # ring depth (4 also built; the benchmark measures both)
+DEFAULT_WIDE_STAGES = 4  # ring depth of the 128 x 256 tile kernel (3 also built; 5 does not fit in shared memory)
+WIDE = 2  # the tma mode of the 128 x 256 tile kernel (fp8_wide_kernel: TMA producer, n % 256 == 0)
 # (stages, stagger, tma) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1
 # starts consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide; tma 1 feeds the ring
-# with TMA copies instead of cp.async (both bit-equal to (stages, 0, 0)).
-VARIANTS: tuple[tuple[int, int, int], ...] = ((4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1))
+# with TMA copies instead of cp.async (both bit-equal to (stages, 0, 0)); tma 2 (WIDE): 128 x 256 tiles with the TMA
+# producer (bit-equal to (4, 0, 1)).
+VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1), (4, 0, WIDE), (3, 0, WIDE)
+)  # fmt: skip
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory (kMaxGroups)
 
 
@@ -57,8 +74,11 @@ def compiled_variants() -> tuple[tuple[int, int, int], ...]:
     return tuple((int(v[0]), int(v[1]), int(v[2]) if len(v) > 2 else 0) for v in mod.fp8_db_variants())
 
 
-def variant_name(stages: int, stagger: bool, tma: bool = False) -> str:
-    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, True) -> 'fp8_db_t5' (TMA producer)."""
+def variant_name(stages: int, stagger: bool, tma: int = 0) -> str:
+    """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, 1 or True) -> 'fp8_db_t5' (TMA
+    producer); (4, False, WIDE) -> 'fp8_wide_t4' (128 x 256 tiles)."""
+    if int(tma) == WIDE:
+        return f"fp8_wide_t{stages}" + ("_stagger" if stagger else "")
     if tma:
         return f"fp8_db_t{stages}" + ("_stagger" if stagger else "")
     return f"fp8_db_s{stages}" + ("_stagger" if stagger else "")
@@ -82,9 +102,16 @@ def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 
 def _validate(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, offs: torch.Tensor, out: torch.Tensor
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor,
+    wide: bool = False,
 ) -> tuple[int, int, int, int]:
-    """Shapes, dtypes, devices, contiguity and alignment of the grouped form; returns (m, n, k, g)."""
+    """Shapes, dtypes, devices, contiguity and alignment of the grouped form (wide: also n % 256 == 0); returns
+    (m, n, k, g)."""
     _check("a", a, FP8, 2)
     _check("b", b, FP8, 3)
     m, k = a.shape
@@ -93,6 +120,8 @@ def _validate(
         raise ValueError(f"a: expected k % 128 == 0 and k > 0 (this kernel's first version), got k = {k}")
     if n % 128 != 0 or n == 0:
         raise ValueError(f"b: expected n % 128 == 0 and n > 0 (this kernel's first version), got n = {n}")
+    if wide and n % 256 != 0:
+        raise ValueError(f"b: expected n % 256 == 0 with wide=True (128 x 256 tiles), got n = {n}")
     if kb != k:
         raise ValueError(f"b: expected k = {k} (a's), got shape {tuple(b.shape)}")
     if not 1 <= g <= MAX_GROUPS:
@@ -114,8 +143,16 @@ def _validate(
     return m, n, k, g
 
 
+def _mode(stages: int | None, tma: bool, wide: bool) -> tuple[int, int]:
+    """(stages, tma mode): wide selects the 128 x 256 tile kernel (its TMA producer is implied); stages None: the
+    default ring depth of that kernel."""
+    if stages is None:
+        stages = DEFAULT_WIDE_STAGES if wide else DEFAULT_STAGES
+    return stages, WIDE if wide else int(tma)
+
+
 def _launch(
-    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: bool
+    a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: int
 ) -> torch.Tensor:
     mod = _module()
     if mod is None:
@@ -143,21 +180,24 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     sfb: torch.Tensor,
     offs: torch.Tensor,
     out: torch.Tensor,
-    stages: int = DEFAULT_STAGES,
+    stages: int | None = None,
     stagger: bool = False,
     ctas: int = 0,
     tma: bool = False,
+    wide: bool = False,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM, contiguous layout: rows [offs[i-1], offs[i]) of out = group i's rows of a @ b[i]^T.
 
     a: e4m3 [m, k]; sfa: fp32 [m, k / 128] (1 x 128 blocks); b: e4m3 [g, n, k] (K-major); sfb: fp32
     [g, n / 128, k / 128] (128 x 128 blocks); offs: int32 [g] cumulative row ends (read on the device only; rows past
-    offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth and the
-    staggered consumer start; tma: the TMA producer (`compiled_variants()` lists the built triples); ctas:
-    persistent CTAs (0: one per SM). Returns out.
+    offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth (None:
+    DEFAULT_STAGES, or DEFAULT_WIDE_STAGES with wide) and the staggered consumer start; tma: the TMA producer; wide:
+    the 128 x 256 tile kernel (TMA producer implied; n % 256 == 0) (`compiled_variants()` lists the built triples);
+    ctas: persistent CTAs (0: one per SM). Returns out.
     """
-    m, n, k, g = _validate(a, sfa, b, sfb, offs, out)
-    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, tma)
+    stages, mode = _mode(stages, tma, wide)
+    m, n, k, g = _validate(a, sfa, b, sfb, offs, out, wide)
+    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, mode)
 
 
 def fp8_gemm_nt_db(
@@ -166,14 +206,16 @@ def fp8_gemm_nt_db(
     b: torch.Tensor,
     sfb: torch.Tensor,
     out: torch.Tensor,
-    stages: int = DEFAULT_STAGES,
+    stages: int | None = None,
     stagger: bool = False,
     ctas: int = 0,
     tma: bool = False,
+    wide: bool = False,
 ) -> torch.Tensor:
     """Dense FP8 GEMM out = dequant(a, sfa) @ dequant(b, sfb)^T as one group.
 
-    a: e4m3 [m, k]; sfa: fp32 [m, k / 128]; b: e4m3 [n, k]; sfb: fp32 [n / 128, k / 128]; out: bf16 [m, n].
+    a: e4m3 [m, k]; sfa: fp32 [m, k / 128]; b: e4m3 [n, k]; sfb: fp32 [n / 128, k / 128]; out: bf16 [m, n]. Other
+    arguments as `m_grouped_fp8_gemm_nt_offsets_db`.
     """
     for name, t, ndim in (("b", b, 2), ("sfb", sfb, 2)):
         if isinstance(t, torch.Tensor) and t.dim() != ndim:
@@ -183,5 +225,6 @@ def fp8_gemm_nt_db(
     b3 = b.unsqueeze(0) if isinstance(b, torch.Tensor) else b
     sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
     offs = torch.full((1,), a.shape[0], dtype=torch.int32, device=a.device)  # a fill kernel: graph-capturable
-    m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out)
-    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, tma)
+    stages, mode = _mode(stages, tma, wide)
+    m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out, wide)
+    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, mode)
