@@ -11,17 +11,11 @@ each on the BF16 and the FP8 cache. Rows per case and cache (`_fp8` suffix: FP8 
 * `wave_pdl` / `wave_wide` (HCA): plan "wave" (one CTA per tile when that fits one wave) under each PDL merge;
 * `s<N>_pdl` / `s<N>_wide`: N splits per token (tiles per split = ceil(tiles / N)) under each PDL merge: the plan
   sweep (which split count wins, once the merge is cheap?);
-* b = 2 s_q = 2 FP8 rows carry `x_vs_flashmla` (DeepSeek FlashMLA 15.2 us on the same H200, its own harness);
-* `cl<C>_t<N>` (decode b = 1, 2 and HCA b = 1; session 11, merge "cluster", not yet measured): clusters of C = 2 / 4 /
-  8 CTAs of N = 1 / 2 tiles each merge their partials in distributed shared memory, the PDL merge reads one partial
-  per cluster (compare with `s<tiles / N>_wide`, the same CTAs under "pdl_wide"); `cluster_plan`: plan "cluster"
-  (its own choice of C and N, recorded as `cluster` / `tiles_per_split`). A child-process probe runs the merge
-  first; if it fails, these rows record why instead of faulting the others' CUDA context.
+* b = 2 s_q = 2 FP8 rows carry `x_vs_flashmla` (DeepSeek FlashMLA 15.2 us on the same H200, its own harness).
 Every row: median us (CUDA-graph replays, 256 MiB L2 flush before each), TFLOPS, "effective" GB/s (bytes of the
 indexed rows + q / out / indices over the time: the issue's HCA metric) and % of the 4.07 TB/s copy ceiling, the max
-|out - reference|. Usage: --out RESULT.json (GPU, ~2 min), --cluster-only (only the cases with cluster rows, and
-there only default / wide / s<N>_wide / cluster rows), --smoke (CPU, Triton interpreter: the harness only; the CUDA
-rows record "skipped"), --table RESULT.json (markdown).
+|out - reference|. Usage: --out RESULT.json (GPU, ~1 min), --smoke (CPU, Triton interpreter: the harness only; the
+CUDA rows record "skipped"), --table RESULT.json (markdown).
 """
 
 from __future__ import annotations
@@ -68,36 +62,15 @@ def _sweep(op: str, b: int, s_q: int) -> tuple[int, ...]:
     return (1, 2, 4)  # b = 32 s_q = 2: 64 tokens fill the SMs (auto: 2)
 
 
-CLUSTERS = (2, 4, 8)  # merge "cluster": CTAs per cluster
-CLUSTER_TILES = (1, 2)  # and tiles per split
-
-
-def _has_cluster_rows(op: str, b: int) -> bool:
-    """The cluster sweep's cases: decode b = 1, 2 (640 indices) and HCA 1M b = 1 (s_q 1 and 2)."""
-    return b <= 2 if op == "decode" else b == 1
-
-
-def _cluster_rows() -> list[tuple[str, dict]]:
-    rows = [("cluster_plan", dict(kernel="cuda", cuda_plan="cluster", cuda_merge="cluster"))]
-    for c in CLUSTERS:
-        for n in CLUSTER_TILES:
-            kw = dict(kernel="cuda", cuda_merge="cluster", cuda_cluster=c, cuda_tiles_per_split=n)
-            rows.append((f"cl{c}_t{n}", kw))
-    return rows
-
-
-def _impls(op: str, b: int, s_q: int, smoke: bool, cluster_only: bool = False) -> list[tuple[str, dict]]:
+def _impls(op: str, b: int, s_q: int, smoke: bool) -> list[tuple[str, dict]]:
     """(row name without the cache suffix, sparse_attn_split_triton kwargs)."""
     if smoke:
         return [("split", dict(kernel="fused")), ("default", dict(kernel="cuda"))]
     rows = [("default", dict(kernel="cuda")), ("wide", dict(kernel="cuda", cuda_merge="pdl_wide"))]
-    if op != "decode" and not cluster_only:  # plan "wave": 130 one-tile CTAs at b = 1 s_q = 1, else auto's plan
+    if op != "decode":  # plan "wave": 130 one-tile CTAs at b = 1 s_q = 1, else auto's plan (decode: always auto's)
         rows += [(f"wave_{m}", dict(kernel="cuda", cuda_plan="wave", cuda_merge=m)) for m in ("pdl", "pdl_wide")]
-    merges = ("pdl_wide",) if cluster_only else ("pdl", "pdl_wide")
     for n in _sweep(op, b, s_q):
-        rows += [(f"s{n}_{m}", dict(kernel="cuda", num_splits=n, cuda_merge=m)) for m in merges]
-    if _has_cluster_rows(op, b):
-        rows += _cluster_rows()
+        rows += [(f"s{n}_{m}", dict(kernel="cuda", num_splits=n, cuda_merge=m)) for m in ("pdl", "pdl_wide")]
     return [(name.replace("pdl_wide", "wide"), kw) for name, kw in rows]
 
 
@@ -139,15 +112,14 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, caches: dict, cfg: di
     for suffix, cache in caches.items():
         ref = reference.sparse_attn(q, cache, idx2, sink, SCALE)[0].float()
         outs, times = {}, {}
-        for name, kw in _impls(op, b, s_q, cfg["smoke"], cfg.get("cluster_only", False)):
+        for name, kw in _impls(op, b, s_q, cfg["smoke"]):
             row = name + suffix
             rec = {"op": op, "shape": shape, "impl": row, "b": b, "s_q": s_q, "t": t, "topk": k, "valid": valid}
             if cfg["smoke"] and kw.get("kernel") == "cuda":
                 rec["skipped"] = "no GPU: the CUDA kernel runs only in the GPU bench"
                 recs.append(rec)
                 continue
-            why = cfg.get("cuda_error") or cfg.get({"pdl_wide": "wide_error", "cluster": "cluster_error"}.get(
-                kw.get("cuda_merge"), ""))
+            why = cfg.get("cuda_error") or (cfg.get("wide_error") if kw.get("cuda_merge") == "pdl_wide" else None)
             if why and kw.get("kernel") == "cuda":
                 rec["error"] = why
                 recs.append(rec)
@@ -165,8 +137,6 @@ def run_case(op: str, b: int, s_q: int, idx: torch.Tensor, caches: dict, cfg: di
                 rec["pct_hbm_copy"] = kk.pct_of(rec["gbps"], kk.H200_CEILINGS["hbm_copy_gbps"])
                 rec["pct_bf16_tflops"] = kk.pct_of(rec["tflops"], kk.H200_CEILINGS["bf16_tflops"])
                 rec["max_abs_err_vs_ref"] = float((out.float() - ref).abs().max())
-                if kw.get("cuda_merge") == "cluster":
-                    rec.update(_cluster_choice(q, cache, idx2, kw))
             recs.append(rec)
         _finish(recs, outs, times, suffix, (op, b, s_q, k))
         for rec in recs:
@@ -191,21 +161,9 @@ def _finish(recs: list[dict], outs: dict, times: dict, suffix: str, key: tuple) 
             rec["bit_equal_to_default"] = bool(torch.equal(outs[name], base))
         if name.endswith("_wide") and name.replace("_wide", "_pdl") in outs:
             rec["bit_equal_to_pdl"] = bool(torch.equal(outs[name], outs[name.replace("_wide", "_pdl")]))
-        twin = _same_splits_wide(name, key[3])
-        if twin in times:  # the same CTAs, partials merged by pdl_wide alone: what the cluster merge itself gains
-            rec["x_vs_same_splits_wide"] = times[twin] / times[name]
-            rec["max_abs_diff_vs_same_splits_wide"] = float((outs[name].float() - outs[twin].float()).abs().max())
         if suffix and key == ("decode", 2, 2, 640):
             rec["flashmla_h200_us"] = FLASHMLA_B2_FP8_US
             rec["x_vs_flashmla"] = FLASHMLA_B2_FP8_US / times[name]
-
-
-def _same_splits_wide(name: str, topk: int) -> str | None:
-    """`cl<C>_t<N>` -> `s<ceil(tiles / N)>_wide` (the sweep row with the same splits), else None."""
-    if not name.startswith("cl") or "_t" not in name:
-        return None
-    n, tiles = int(name.rsplit("_t", 1)[1]), -(-topk // 64)
-    return f"s{-(-tiles // n)}_wide"
 
 
 def _summary(rec: dict) -> str:
@@ -215,7 +173,7 @@ def _summary(rec: dict) -> str:
         return "skipped"
     s = f"{rec['median_us']:.1f} us {rec['tflops']:.1f} TFLOPS {rec['gbps']:.0f} GB/s"
     s += f" err {rec['max_abs_err_vs_ref']:.2e}"
-    for k in ("x_vs_default", "x_vs_flashmla", "x_vs_same_splits_wide"):
+    for k in ("x_vs_default", "x_vs_flashmla"):
         if k in rec:
             s += f" {k} {rec[k]:.2f}"
     for k in ("bit_equal_to_default", "bit_equal_to_pdl"):
@@ -239,67 +197,23 @@ print("WIDE OK")
 """
 
 
-_CLUSTER_PROBE = """
-import torch
-from deepinfer.flash_mla.backends.cuda import triton_split_attn as tsa
-g = torch.Generator(device="cuda").manual_seed(0)
-kv = torch.randn(16384, 512, generator=g, device="cuda").bfloat16()
-idx = torch.randperm(16384, generator=g, device="cuda")[: 130 * 64].view(1, -1).int()
-idx[0, 5000:5200] = -1
-q = torch.randn(1, 64, 512, generator=g, device="cuda").bfloat16()
-sink = torch.randn(64, generator=g, device="cuda")
-a = tsa.sparse_attn_split_triton(q, kv, idx, sink, 512**-0.5, kernel="cuda", cuda_merge="pdl_wide")
-for c in (2, 4, 8):
-    for n in (1, 2, 130):
-        b = tsa.sparse_attn_split_triton(q, kv, idx, sink, 512**-0.5, kernel="cuda", cuda_merge="cluster",
-                                         cuda_cluster=c, cuda_tiles_per_split=n)
-        torch.cuda.synchronize()
-        err = float((a[0].float() - b[0].float()).abs().max()), float((a[1] - b[1]).abs().max())
-        assert err[0] < 2e-2 and err[1] < 1e-3, f"cluster {c} tiles {n}: max |out diff| {err[0]}, |lse diff| {err[1]}"
-print("CLUSTER OK")
-"""
-
-
-def _child_probe(name: str, code: str, ok: str) -> str | None:
-    """`code` in a child process: None when it printed `ok`, else why. A kernel that faults there cannot take this
-    process's CUDA context (and the other rows) down."""
+def _wide_probe_error() -> str | None:
+    """One pdl_wide call in a child process (65 splits, against pdl): None when it ran and matched, else why. A
+    kernel that faults there cannot take this process's CUDA context (and the other rows) down."""
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        proc = subprocess.run([sys.executable, "-c", _WIDE_PROBE], capture_output=True, text=True, timeout=120,
+                              env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
-        return f"{name} probe timed out"
-    if proc.returncode != 0 or ok not in proc.stdout:
-        return f"{name} probe failed: " + (proc.stdout + proc.stderr)[-400:]
+        return "pdl_wide probe timed out"
+    if proc.returncode != 0 or "WIDE OK" not in proc.stdout:
+        return "pdl_wide probe failed: " + (proc.stdout + proc.stderr)[-400:]
     return None
 
 
-def _wide_probe_error() -> str | None:
-    """One pdl_wide call (65 splits) in a child process, bit-equal to pdl: None, else why."""
-    return _child_probe("pdl_wide", _WIDE_PROBE, "WIDE OK")
-
-
-def _cluster_probe_error() -> str | None:
-    """merge "cluster" in a child process, C = 2 / 4 / 8 x 1 / 2 / 130 tiles per split (130: one split, 1..7 empty
-    CTAs), close to pdl_wide (another summation order: not bit-equal): None, else why."""
-    return _child_probe("cluster", _CLUSTER_PROBE, "CLUSTER OK")
-
-
-def _cluster_choice(q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor, kw: dict) -> dict:
-    """What a cluster row ran: cluster size, tiles per split, splits and partials per token (the plan's choice for
-    `cluster_plan`; the launcher's own _plan, so the record says what was measured)."""
-    from deepinfer.flash_mla.backends.cuda import cuda_sparse_decode as cu
-
-    tiles = -(-idx.shape[1] // 64)
-    mode = cu.kv_mode(cache.dtype == torch.uint8, None)
-    plan = kw.get("cuda_plan") or str(cu.DEFAULT_OPTIONS["plan"])
-    n, per, c = cu._plan(q.shape[0], 1, tiles, q.device, mode, plan, "cluster", None, kw.get("cuda_cluster"),
-                         kw.get("cuda_tiles_per_split"))  # fmt: skip
-    return {"cluster": c, "tiles_per_split": per, "num_splits": n, "partials_per_token": -(-n // c)}
-
-
-def run(smoke: bool, out_path: str | None, cluster_only: bool = False) -> list[dict]:
+def run(smoke: bool, out_path: str | None) -> list[dict]:
     from bench_flash_mla import decode_indices
 
     import kernelkit as kk
@@ -307,7 +221,6 @@ def run(smoke: bool, out_path: str | None, cluster_only: bool = False) -> list[d
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(warmup=1, rep=2, smoke=True) if smoke else dict(warmup=3, rep=20, smoke=False)
-    cfg["cluster_only"] = cluster_only
     if not smoke:
         from deepinfer.flash_mla.backends.cuda import cuda_sparse_decode as cu
 
@@ -318,12 +231,8 @@ def run(smoke: bool, out_path: str | None, cluster_only: bool = False) -> list[d
         else:
             cfg["wide_error"] = _wide_probe_error()
             _log(f"pdl_wide probe: {cfg['wide_error'] or 'ok (bit-equal to pdl)'}")
-            cfg["cluster_error"] = _cluster_probe_error()
-            _log(f"cluster probe: {cfg['cluster_error'] or 'ok (close to pdl_wide)'}")
     g = torch.Generator(device=dev).manual_seed(0)
     cases = _cases(smoke)
-    if cluster_only and not smoke:
-        cases = [c for c in cases if _has_cluster_rows(c[0], c[1])]
     region = max(c[3] + c[5] for c in cases)
     b_max = max(c[1] for c in cases)
     t0 = time.time()
@@ -357,9 +266,8 @@ def table(path: str) -> str:
             continue
         xd, xf = r.get("x_vs_default"), r.get("x_vs_flashmla")
         be = r.get("bit_equal_to_default", r.get("bit_equal_to_pdl", ""))
-        impl = r["impl"] + (f" (C {r['cluster']}, {r['tiles_per_split']} t/split)" if "cluster" in r else "")
         lines.append(
-            f"| {r['op']} | {r['shape']} | {impl} | {r['median_us']:.1f} | {r['gbps']:.0f} "
+            f"| {r['op']} | {r['shape']} | {r['impl']} | {r['median_us']:.1f} | {r['gbps']:.0f} "
             f"| {r['pct_hbm_copy']:.1f} | {f'{xd:.2f}' if xd else ''} | {f'{xf:.2f}' if xf else ''} | {be} "
             f"| {r['max_abs_err_vs_ref']:.1e} |"
         )
@@ -371,7 +279,6 @@ def main() -> int:
     ap.add_argument("--out", help="write the JSON results here")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (Triton interpreter): the harness only")
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
-    ap.add_argument("--cluster-only", action="store_true", help="only the cluster sweep's cases and rows (GPU)")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
@@ -383,7 +290,7 @@ def main() -> int:
         if not args.smoke:
             ap.error("no CUDA device: only --smoke (Triton interpreter) or --table run here")
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
-    recs = run(args.smoke, args.out, args.cluster_only)
+    recs = run(args.smoke, args.out)
     failed = [r for r in recs if "error" in r]
     _log(f"{len(recs)} records, {len(failed)} failed" + (f"; results in {args.out}" if args.out else ""))
     return 1 if failed and args.smoke else 0

@@ -9,46 +9,25 @@
 
 namespace py = pybind11;
 
-// merge 4 (cluster): C in {2, 4, 8} (portable cluster sizes whose column slices of 512 / C dims the epilogue takes),
-// kv_mode 0 or 2 (only those instances exist), and partial buffers when a token spans more than one cluster.
-static void check_cluster(int cluster, int kv_mode, int num_splits, uintptr_t part_o, uintptr_t part_lse) {
-  if (cluster != 2 && cluster != 4 && cluster != 8)
-    throw std::invalid_argument("sparse_decode: merge = 4 (cluster) needs cluster 2, 4 or 8, got " +
-                                std::to_string(cluster));
-  if (kv_mode == 1) throw std::invalid_argument("sparse_decode: merge = 4 (cluster) needs kv_mode 0 or 2, got 1");
-  if (num_splits > cluster && (part_o == 0 || part_lse == 0))
-    throw std::invalid_argument("sparse_decode: merge = 4 with num_splits > cluster needs part_o / part_lse for "
-                                "ceil(num_splits / cluster) partials per token");
-}
-
-static int cluster_capacity(int kv_mode, int cluster) {
-  if ((cluster != 2 && cluster != 4 && cluster != 8) || kv_mode == 1)
-    throw std::invalid_argument("cluster_capacity: cluster 2 / 4 / 8 and kv_mode 0 / 2 only");
-  const int n = fm_cluster_capacity(kv_mode, cluster);
-  if (n < 0) throw std::runtime_error(std::string("cluster_capacity failed: ") + fm_error_string(-n));
-  return n;
-}
-
 static void sparse_decode(uintptr_t q, uintptr_t kv, uintptr_t idx, uintptr_t kv2, uintptr_t idx2, uintptr_t sink,
                           uintptr_t out, uintptr_t lse, uintptr_t part_o, uintptr_t part_lse, uintptr_t counters,
                           int64_t num_tokens, int H, int topk, int topk2, int num_splits, int tiles_per_split,
                           int merge, int prefetch_ahead, float qk_scale, int64_t n_rows, int64_t n_rows2,
                           int64_t stride_it, int64_t stride_it2, int64_t stride_kv_bytes, int64_t stride_kv2_bytes,
                           int64_t stride_qt, int64_t stride_qh, int64_t stride_ot, int64_t stride_oh,
-                          int64_t stride_lt, int64_t stride_lh, int kv_mode, uintptr_t stream, int cluster) {
+                          int64_t stride_lt, int64_t stride_lh, int kv_mode, uintptr_t stream) {
   if (kv_mode < 0 || kv_mode > 2)
     throw std::invalid_argument("sparse_decode: kv_mode must be 0 (bf16), 1 (fp8) or 2 (fp8v), got " +
                                 std::to_string(kv_mode));
   if (H <= 0) throw std::invalid_argument("sparse_decode: H must be >= 1, got " + std::to_string(H));
   if (topk < 0 || topk2 < 0) throw std::invalid_argument("sparse_decode: topk / topk2 must be >= 0");
   if (num_splits < 1 || tiles_per_split < 0) throw std::invalid_argument("sparse_decode: bad split plan");
-  if (merge < 0 || merge > 4) throw std::invalid_argument("sparse_decode: merge must be 0, 1, 2, 3 or 4");
-  if (merge == 4) check_cluster(cluster, kv_mode, num_splits, part_o, part_lse);
+  if (merge < 0 || merge > 3) throw std::invalid_argument("sparse_decode: merge must be 0, 1, 2 or 3");
   if (num_splits > 1 && merge == 2 && counters == 0)
     throw std::invalid_argument("sparse_decode: merge = 2 (last CTA) needs a zeroed int32 counter buffer");
   if (topk2 > 0 && (kv2 == 0 || idx2 == 0)) throw std::invalid_argument("sparse_decode: topk2 > 0 needs kv2 / idx2");
   fm::LaunchArgs a{q, kv, idx, kv2 ? kv2 : kv, idx2 ? idx2 : idx, sink, out, lse, part_o, part_lse, counters,
-                   num_tokens, {}, merge == 4 ? cluster : 1};
+                   num_tokens, {}};
   a.p = fm::Params{H,         topk,       topk2,           num_splits,       tiles_per_split, sink != 0 ? 1 : 0,
                    merge,     prefetch_ahead < 0 ? 0 : prefetch_ahead,        qk_scale,        num_tokens,
                    n_rows,    n_rows2,    stride_it,       stride_it2,       stride_kv_bytes, stride_kv2_bytes,
@@ -62,16 +41,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("sparse_decode", &sparse_decode,
         "Sparse MLA attention, 64 heads x 512 per CTA, wgmma, main + extra index lists (see fm_sparse_decode.cu). "
         "Pointers are data_ptr() ints, index / q / out / lse strides in elements, cache row strides in bytes; "
-        "merge: 0 partials only, 1 PDL combine kernel, 2 last CTA, 3 PDL wide combine kernel, 4 cluster merge; prefetch_ahead: token distance of the L2 prefetch "
+        "merge: 0 partials only, 1 PDL combine kernel, 2 last CTA, 3 PDL wide combine kernel; prefetch_ahead: token distance of the L2 prefetch "
         "(0: off); kv_mode: 0 BF16 cache, 1 FP8 cache, 2 FP8 cache through the fp8v tile path (same bits as 1; ABI 4); "
-        "stream = torch.cuda.current_stream().cuda_stream; cluster: merge 4 (ABI 5) only, CTAs per thread-block "
-        "cluster (2 / 4 / 8) that merge their splits in distributed shared memory before the wide PDL combine.");
-  m.def("cluster_capacity", &cluster_capacity,
-        "Clusters of the merge-4 kernel (kv_mode 0 / 2, cluster 2 / 4 / 8 CTAs) resident at once on the current "
-        "device (cudaOccupancyMaxActiveClusters)");
+        "stream = torch.cuda.current_stream().cuda_stream.");
   fm_register_ws(m);  // the warp-specialised kernels (fm_ws_*), bound in their own file
   m.def("smem_bytes", &fm_smem_bytes, "Dynamic shared memory per CTA (bytes) for the BF16 (False) / FP8 (True) cache");
-  // extra list, byte row strides, merge modes (3: merge = 3), 4: kv_mode 2 (fp8v), 5: merge = 4 (cluster) and the
-  // trailing `cluster` argument, cluster_capacity
-  m.attr("SPARSE_DECODE_ABI") = 5;
+  m.attr("SPARSE_DECODE_ABI") = 4;  // extra list, byte row strides, merge modes (3: merge = 3), 4: kv_mode 2 (fp8v)
 }

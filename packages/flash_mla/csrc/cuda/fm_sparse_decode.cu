@@ -31,23 +31,7 @@
 // programmatic dependent launch (PDL: its CTAs start on the idle SMs while this kernel runs and wait in
 // griddepcontrol.wait, so no launch gap), 2 = by the last CTA of each (token, head block) to finish (an atomic
 // counter per token; one launch, the last CTA reads the other splits' partials from L2), 3 = by
-// `combine_wide_kernel` (PDL as 1, the same result bit for bit, fewer serial L2 round trips), 4 = "cluster"
-// (session 11, NOT yet measured on a GPU): the instance sparse_decode_kernel<FP8, VEC, CLUSTER = true> (BF16 and
-// fp8v caches) runs in thread-block clusters of C = 2 / 4 / 8 CTAs (cudaLaunchKernelEx + cluster dimension), the
-// split innermost in blockIdx.x and the splits padded to a multiple of C (a padding CTA has no tile: empty partial),
-// so a cluster is C consecutive splits of one (token, head block). After the tile loop the cluster merges its C
-// partials in distributed shared memory instead of writing C fp32 partials (`cluster_merge`): (1) each CTA publishes
-// its per-head (m_run, l_tot) in its shared memory, cluster barrier; (2) each reads all C pairs (mapa +
-// ld.shared::cluster), takes the cluster max M, L = sum_j w_j l_j with w_j = 2^(m_j - M) (0 for an empty split), and
-// writes acc * w_own (fp32 [64, 512], 128 KiB over Q + the KV stages, free after the loop) into its shared memory,
-// cluster barrier; (3) CTA j sums column slice j (512 / C dims) of the C buffers and stores the cluster partial in
-// the usual format (sum / L, base-2 M + log2 L) at split index = cluster index; CTA 0 the lse; (4) a last cluster
-// barrier (no CTA exits while another may read its shared memory). Then combine_wide_kernel merges ceil(num_splits /
-// C) partials (PDL, the sink as in 3); when one cluster holds the whole token, step 3 writes out / lse with the sink
-// (the num_splits == 1 math) and no merge is launched. Expected effect: the partial bytes the global merge reads drop
-// by C (HCA 1M b = 1: 65 x 128 KiB = 8.5 MB -> 9 x 128 KiB with 2 tiles per split and C = 8), and more, smaller
-// splits become affordable (1 tile per CTA). Not bit-equal to 3 (another summation order); within the same tolerance.
-// The other instances' machine code is unchanged (every difference is behind `if constexpr (CLUSTER)`).
+// `combine_wide_kernel` (PDL as 1, the same result bit for bit, fewer serial L2 round trips).
 // Holes: any index outside [0, n_rows) is skipped (row zero-filled, score -inf), so NaN in unused cache slots
 // never enters the math; a tile without any valid row is skipped whole (exact: it would change nothing).
 // Heads: ceil(H / 64) head blocks; a partial last block zero-fills its missing q rows and stores nothing for them.
@@ -370,214 +354,8 @@ __device__ __forceinline__ void merge_last(float (&acc)[128], const float (&m_ru
   }
 }
 
-// ------------------------------------------------------------------------ merge 4: cluster merge in DSMEM
-// The CTAs of a thread-block cluster (C = 2 / 4 / 8 consecutive splits of one (token, head block)) merge their
-// partials through distributed shared memory before anything goes to global memory: the token's partial count,
-// and with it the global merge's reads, drop by C. See the top comment for the protocol.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_ctas() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster: shared-memory writes before it are visible to ld.shared::cluster after
-// it (release / acquire at cluster scope); the first one also guarantees every CTA of the cluster is running.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The shared::cluster address of this CTA's shared address `local` in CTA `rank` of the cluster. The window of a
-// CTA is linear, so an offset added to the mapped base addresses the same offset there.
-__device__ __forceinline__ uint32_t dsmem_map(uint32_t local, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
-  return r;
-}
-// volatile + "memory": must not move across cluster_sync (a plain asm without memory operands could).
-__device__ __forceinline__ float2 ld_dsmem2(uint32_t a) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ float4 ld_dsmem4(uint32_t a) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
-}
-
-// Shared memory of the cluster epilogue (the tile loop's buffers are all free by then):
-//   buf: fp32 [64 heads, 512] = acc * w, 2 KiB rows, 16-byte chunk c of row r at chunk c ^ (r % 8) (the accumulator
-//        fragment's float2 stores then hit 8 rows on distinct banks; the XOR stays inside aligned groups of 8 chunks,
-//        so each CTA's column slice of >= 16 chunks stays a slice). 128 KiB over Q + the KV stage(s).
-//   stat / scale / lse: in the P tile, outside buf: the other CTAs read stat while this one writes buf.
-struct ClusterSmem {
-  static constexpr int buf = 0;
-  static constexpr int row = kD * 4;
-  __host__ __device__ static constexpr int stat(bool fp8) { return Smem::p(fp8); }  // float2 [64]: (m_run, l_tot)
-  __host__ __device__ static constexpr int scale(bool fp8) { return stat(fp8) + kH * 8; }  // float [64]
-  __host__ __device__ static constexpr int lse(bool fp8) { return scale(fp8) + kH * 4; }   // float [64]
-};
-static_assert(kH * ClusterSmem::row <= Smem::p(true) && Smem::p(true) <= Smem::p(false), "buf must end before P");
-static_assert(kH * (8 + 4 + 4) <= kSub, "stat / scale / lse must fit the P tile");
-
-__device__ __forceinline__ uint32_t cluster_buf_off(int r, int c) {  // byte offset of 16-byte chunk c of row r
-  return (uint32_t)(r * ClusterSmem::row + ((c ^ (r & 7)) << 4));
-}
-
-// blockIdx.x -> (token, head block, split) with the split innermost, padded to a multiple of the cluster size C:
-// a cluster (C consecutive CTAs) is C consecutive splits of one (token, head block); splits >= num_splits are empty.
-__device__ __forceinline__ void cluster_coords(const Params& p, int num_hb, int& hb, int& split, int64_t& tok) {
-  const int c = (int)cluster_ctas();
-  const int padded = (p.num_splits + c - 1) / c * c;
-  split = blockIdx.x % padded;
-  hb = (blockIdx.x / padded) % num_hb;
-  tok = blockIdx.x / ((int64_t)padded * num_hb);
-}
-
-// Step 2 for one head row: the cluster's max M and row sum L over the C CTAs' (m, l) (an empty split, l = 0, has
-// weight 0), this CTA's weight w = 2^(m_own - M); then what the reduce multiplies the weighted sum by and the lse:
-// direct (one cluster per token): out = sum * a / l_f and the natural lse with the sink (the num_splits == 1
-// path's math); else the partial format acc / l and base-2 M + log2 L (-inf when the cluster saw no row).
-__device__ __forceinline__ float cluster_row_weights(uint32_t stat_row, int rank, int nc, bool direct, int head,
-                                                     const Params& p, const float* __restrict__ sink, float& scale,
-                                                     float& lse_v) {
-  float2 v[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) v[k] = k < nc ? ld_dsmem2(dsmem_map(stat_row, k)) : make_float2(-INFINITY, 0.f);
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) m = v[k].y > 0.f ? fmaxf(m, v[k].x) : m;
-  const float m_use = m == -INFINITY ? 0.f : m;
-  float l = 0.f, w_own = 0.f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {  // rank order: the same sum in every CTA
-    const float w = v[k].y > 0.f ? exp2f(v[k].x - m_use) : 0.f;
-    l += w * v[k].y;
-    w_own = k == rank ? w : w_own;
-  }
-  if (!direct) {
-    scale = l > 0.f ? 1.f / l : 0.f;
-    lse_v = l > 0.f ? m + log2f(l) : -INFINITY;
-    return w_own;
-  }
-  float sink_h = 0.f, sink2 = 0.f;
-  const float m_f = head < p.H ? fold_sink(p, sink, head, m, sink_h, sink2) : 0.f;  // padding rows: no sink read
-  const float a = exp2f(m - m_f);
-  float l_f = l * a;
-  if (p.has_sink) l_f += exp2f(sink2 - m_f);
-  const bool has = l_f > 0.f;
-  scale = has ? a / l_f : 0.f;
-  lse_v = has ? (m_f + log2f(l_f)) * kLn2 : -INFINITY;
-  if (p.has_sink && m == -INFINITY) lse_v = sink_h;
-  return w_own;
-}
-
-// Step 3: CTA `rank` sums its column slice (512 / nc dims) of the nc CTAs' bufs, scales each row, stores the
-// cluster's partial (fp32, split index = cluster index cl of the token) or, direct, the token's bf16 out; 16-byte
-// chunks, consecutive threads on consecutive chunks of a row (coalesced global stores, conflict-free reads).
-__device__ __forceinline__ void cluster_reduce_store(uint32_t buf, const float* s_scale, int rank, int nc, bool direct,
-                                                     const Params& p, __nv_bfloat16* __restrict__ out,
-                                                     float* __restrict__ part_o, int64_t tok, int hb, int64_t prow0,
-                                                     int tid) {
-  uint32_t base[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) base[k] = dsmem_map(buf, k < nc ? k : 0);
-  const int cpr = (kD / 4) / nc;  // chunks per row of the slice: 64 / 32 / 16 (a power of two)
-  const int sh = __ffs(cpr) - 1;
-  for (int i = tid; i < kH * cpr; i += kThreads) {
-    const int r = i >> sh, c = rank * cpr + (i & (cpr - 1));
-    const uint32_t off = cluster_buf_off(r, c);
-    float4 v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = k < nc ? ld_dsmem4(base[k] + off) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 s = v[0];
-#pragma unroll
-    for (int k = 1; k < 8; ++k) {  // rank order; k >= nc adds +0 (exact)
-      s.x += v[k].x;
-      s.y += v[k].y;
-      s.z += v[k].z;
-      s.w += v[k].w;
-    }
-    const int head = hb * kH + r;
-    if (head >= p.H) continue;
-    const float sc = s_scale[r];
-    if (direct) {  // out rows are only 4-byte aligned (the launcher's check): two bf16x2 stores
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + tok * p.stride_ot + (int64_t)head * p.stride_oh +
-                                                            c * 4);
-      o[0] = __floats2bfloat162_rn(s.x * sc, s.y * sc);
-      o[1] = __floats2bfloat162_rn(s.z * sc, s.w * sc);
-    } else {
-      *reinterpret_cast<float4*>(part_o + (prow0 + head) * kD + c * 4) =
-          make_float4(s.x * sc, s.y * sc, s.z * sc, s.w * sc);
-    }
-  }
-}
-
-// merge == 4, after the tile loop (acc / m_run / l_tot of this CTA's split; an empty split: 0 / -inf / 0).
-// 1. publish (m_run, l_tot) per head; cluster barrier. 2. every CTA reads all C CTAs' (m, l) (DSMEM), gets the
-// cluster's M, L and its own weight w, stores acc * w into its buf; cluster barrier. 3. CTA j reduces column slice j
-// of the C bufs into the cluster partial at split index = cluster index (or, one cluster per token, into out / lse
-// with the sink: no global merge then); CTA 0 writes the lse. 4. cluster barrier: no CTA exits while another may
-// still read its shared memory.
-template <bool FP8>
-__device__ __forceinline__ void cluster_merge(uint8_t* smem, const float (&acc)[128], const float (&m_run)[2],
-                                              const float (&l_tot)[2], const float* __restrict__ sink,
-                                              __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
-                                              float* __restrict__ part_o, float* __restrict__ part_lse,
-                                              const Params& p, int64_t tok, int hb, int split, int r0, int col0,
-                                              bool lse_writer, int tid) {
-  const int nc = (int)cluster_ctas(), rank = (int)cluster_rank();
-  const int ncl = (p.num_splits + nc - 1) / nc, cl = split / nc;  // clusters of the token, this one's index
-  const bool direct = ncl == 1;
-  float2* s_stat = reinterpret_cast<float2*>(smem + ClusterSmem::stat(FP8));
-  float* s_scale = reinterpret_cast<float*>(smem + ClusterSmem::scale(FP8));
-  float* s_lse = reinterpret_cast<float*>(smem + ClusterSmem::lse(FP8));
-  if (lse_writer) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) s_stat[r0 + 8 * h] = make_float2(m_run[h], l_tot[h]);
-  }
-  cluster_sync();  // (1) every CTA's stat written; every CTA of the cluster is running
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + 8 * h;
-    float scale, lse_v;
-    const float w = cluster_row_weights(smem_u32(s_stat + r), rank, nc, direct, hb * kH + r, p, sink, scale, lse_v);
-    if (lse_writer) {
-      s_scale[r] = scale;
-      s_lse[r] = lse_v;
-    }
-#pragma unroll
-    for (int jn = 0; jn < 32; ++jn) {
-      const int col = col0 + 8 * jn;  // float2 at dims col, col + 1: chunk col / 4, byte 4 (col % 4)
-      *reinterpret_cast<float2*>(smem + ClusterSmem::buf + cluster_buf_off(r, col >> 2) + (col & 3) * 4) =
-          make_float2(acc[4 * jn + 2 * h] * w, acc[4 * jn + 2 * h + 1] * w);
-    }
-  }
-  cluster_sync();  // (2) every CTA's buf, scale and lse written
-  const int64_t prow0 = (tok * ncl + cl) * (int64_t)p.H;  // the cluster partial's row of head 0
-  cluster_reduce_store(smem_u32(smem + ClusterSmem::buf), s_scale, rank, nc, direct, p, out, part_o, tok, hb, prow0,
-                       tid);
-  if (rank == 0 && tid < kH && hb * kH + tid < p.H) {
-    const int head = hb * kH + tid;
-    if (direct) {
-      lse[tok * p.stride_lt + (int64_t)head * p.stride_lh] = s_lse[tid];
-    } else {
-      part_lse[prow0 + head] = s_lse[tid];
-    }
-  }
-  cluster_sync();  // (3) nobody reads this CTA's shared memory any more: it may exit
-}
-
 // VEC (FP8 only): the fp8v tile path (vec_load / vec_store) instead of issue_tile<true> + dequant_tile; same bits.
-// CLUSTER (merge 4 only): split innermost in blockIdx.x and the cluster epilogue (cluster_merge) after the loop;
-// the other instances compile to the same machine code as before it existed (every change is behind if constexpr).
-template <bool FP8, bool VEC = false, bool CLUSTER = false>
+template <bool FP8, bool VEC = false>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_decode_kernel(const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ kv,
                          const int* __restrict__ idx, const uint8_t* __restrict__ kv2, const int* __restrict__ idx2,
@@ -597,15 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127, warp = t128 >> 5, lane = tid & 31;
   const int num_hb = (p.H + kH - 1) / kH;
-  int hb, split;
-  int64_t tok;
-  if constexpr (CLUSTER) {
-    cluster_coords(p, num_hb, hb, split, tok);
-  } else {
-    hb = blockIdx.x % num_hb;
-    split = (blockIdx.x / num_hb) % p.num_splits;
-    tok = blockIdx.x / (num_hb * p.num_splits);
-  }
+  const int hb = blockIdx.x % num_hb;
+  const int split = (blockIdx.x / num_hb) % p.num_splits;
+  const int64_t tok = blockIdx.x / (num_hb * p.num_splits);
   const int n_tiles = (p.topk + p.topk2 + kBN - 1) / kBN;
   const int lo = split * p.tiles_per_split;
   const int hi = min(lo + p.tiles_per_split, n_tiles);
@@ -783,11 +555,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int h = 0; h < 2; ++h) l_tot[h] = s_red[r0 + 8 * h] + s_red[64 + r0 + 8 * h];
   const int col0 = 256 * wg + 2 * (lane & 3);
   const bool lse_writer = wg == 0 && (lane & 3) == 0;
-  if constexpr (CLUSTER) {  // every CTA of the cluster gets here (no early return above): its barriers are safe
-    cluster_merge<FP8>(smem, acc, m_run, l_tot, sink, out, lse, part_o, part_lse, p, tok, hb, split, r0, col0,
-                       lse_writer, tid);
-    return;
-  }
   if (p.num_splits == 1) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -889,7 +656,7 @@ static int launch_combine(const LaunchArgs& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (a.p.merge >= 3) return launch_combine_wide(a, &cfg);  // fm_combine_wide.cu (merge 4: the clusters' partials)
+  if (a.p.merge == 3) return launch_combine_wide(a, &cfg);  // fm_combine_wide.cu
   return (int)cudaLaunchKernelEx(&cfg, combine_kernel, reinterpret_cast<const float*>(a.part_o),
                                  reinterpret_cast<const float*>(a.part_lse), reinterpret_cast<const float*>(a.sink),
                                  reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse), a.p,
@@ -917,80 +684,12 @@ static int launch_impl(const LaunchArgs& a, cudaStream_t stream) {
   return launch_combine(a, stream);
 }
 
-// merge == 4: the CLUSTER instance in clusters of a.cluster CTAs (grid padded to a multiple of it per (token, head
-// block)), then, when a token has more than one cluster, the wide PDL combine over one partial per cluster.
-template <bool FP8, bool VEC>
-static int launch_cluster(const LaunchArgs& a, cudaStream_t stream) {
-  const int smem = Smem::total(FP8) + 1024;
-  auto kern = sparse_decode_kernel<FP8, VEC, true>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return (int)e;
-  const Params& p = a.p;
-  const int c = a.cluster, ncl = (p.num_splits + c - 1) / c;
-  const int64_t grid = a.num_tokens * ((p.H + kH - 1) / kH) * ncl * c;
-  if (grid <= 0) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)c;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, kern, reinterpret_cast<const __nv_bfloat16*>(a.q), reinterpret_cast<const uint8_t*>(a.kv),
-                         reinterpret_cast<const int*>(a.idx), reinterpret_cast<const uint8_t*>(a.kv2),
-                         reinterpret_cast<const int*>(a.idx2), reinterpret_cast<const float*>(a.sink),
-                         reinterpret_cast<__nv_bfloat16*>(a.out), reinterpret_cast<float*>(a.lse),
-                         reinterpret_cast<float*>(a.part_o), reinterpret_cast<float*>(a.part_lse),
-                         reinterpret_cast<int*>(a.counters), p);
-  if (e != cudaSuccess || ncl == 1) return (int)e;
-  LaunchArgs m = a;
-  m.p.num_splits = ncl;  // the combine sees one partial per cluster
-  return launch_combine(m, stream);
-}
-
-// Clusters of `cluster` CTAs of the CLUSTER instance that fit the GPU at once (cudaOccupancyMaxActiveClusters: one
-// CTA per SM, a cluster on the SMs of one GPC); < 0: minus a cudaError_t.
-template <bool FP8, bool VEC>
-static int cluster_capacity(int cluster) {
-  const int smem = Smem::total(FP8) + 1024;
-  auto kern = sparse_decode_kernel<FP8, VEC, true>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return -(int)e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(cluster * 64));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  e = cudaOccupancyMaxActiveClusters(&n, kern, &cfg);
-  return e == cudaSuccess ? n : -(int)e;
-}
-
 }  // namespace fm
 
 int fm_launch_sparse_decode(const fm::LaunchArgs& a, int kv_mode, uintptr_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (a.p.merge == 4) {  // cluster merge: BF16 and fp8v only (the bindings refuse kv_mode 1 first)
-    if (kv_mode == 1) return (int)cudaErrorInvalidValue;
-    return kv_mode == 2 ? fm::launch_cluster<true, true>(a, s) : fm::launch_cluster<false, false>(a, s);
-  }
   if (kv_mode == 2) return fm::launch_impl<true, true>(a, s);
   return kv_mode == 1 ? fm::launch_impl<true>(a, s) : fm::launch_impl<false>(a, s);
-}
-
-int fm_cluster_capacity(int kv_mode, int cluster) {
-  return kv_mode == 2 ? fm::cluster_capacity<true, true>(cluster) : fm::cluster_capacity<false, false>(cluster);
 }
 
 const char* fm_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }

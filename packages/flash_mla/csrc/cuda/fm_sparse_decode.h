@@ -12,8 +12,7 @@ struct Params {
   int num_splits;       // splits per token (1: out / lse written directly)
   int tiles_per_split;  // 64-row tiles per split
   int has_sink;         // sink != nullptr
-  int merge;            // num_splits > 1: 0 partials only (caller merges), 1 / 3 PDL combine (serial / wide), 2 last CTA;
-                      // 4 cluster merge (any num_splits: LaunchArgs::cluster CTAs reduce in DSMEM, then wide PDL)
+  int merge;            // num_splits > 1: 0 partials only (caller merges), 1 / 3 PDL combine (serial / wide), 2 last CTA
   int prefetch_ahead;   // > 0: split 0 of token i prefetches token i + prefetch_ahead's indices and q into L2
   float qk_scale;       // softmax_scale * log2(e)
   int64_t num_tokens;   // query tokens of the launch
@@ -29,7 +28,6 @@ struct LaunchArgs {
   uintptr_t q, kv, idx, kv2, idx2, sink, out, lse, part_o, part_lse, counters;
   int64_t num_tokens;
   Params p;
-  int cluster;  // merge == 4: CTAs per thread-block cluster (2, 4 or 8); host only, the kernel reads %cluster_nctarank
 };
 
 }  // namespace fm
@@ -39,5 +37,3 @@ struct LaunchArgs {
 int fm_launch_sparse_decode(const fm::LaunchArgs& a, int kv_mode, uintptr_t stream);
 const char* fm_error_string(int code);
 int fm_smem_bytes(bool fp8);
-// Clusters of `cluster` CTAs (merge 4, kv_mode 0 or 2) resident at once on the current device; < 0: -cudaError_t.
-int fm_cluster_capacity(int kv_mode, int cluster);

@@ -20,11 +20,7 @@ Small-batch plans (named, measured side by side by the benchmark; DEFAULT_OPTION
   partials; per-device counter buffer, so concurrent calls on two streams of one device must not use it);
   "pdl_wide" (session 7, `csrc/cuda/fm_combine_wide.cu`): the PDL combine with the same arithmetic in the same
   order (bit-equal to "pdl") but its L2 reads batched: 32 splits' lse per warp load, 8 partial rows in flight,
-  where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M); "cluster" (session
-  12, opt-in, not yet measured on a GPU; `_C` ABI 5, BF16 or fp8_path "vec"): C = 2 / 4 / 8 consecutive splits run as
-  one thread-block cluster and merge their partials in distributed shared memory, then "pdl_wide" merges one partial
-  per cluster (none when one cluster holds the token); `cluster=` / `tiles_per_split=` name C and the split size,
-  plan "cluster" (`cluster_plan`) picks both so the padded grid fits one wave of resident clusters;
+  where "pdl" chains ~S + S / 4 dependent L2 round trips per warp (S = 65 splits at HCA 1M);
 * FP8 tile path ("fp8_path", FP8 caches only): "stage" (8-byte cp.async of the raw 584-byte rows into a staging
   buffer, then a shared -> shared dequantisation pass) or "vec" (session 9, `fp8v`: each thread loads its 7 e4m3
   16-byte units + 2 RoPE chunks of the tile straight into registers, converts them with ws3p kOptVec's dequant8v
@@ -65,15 +61,10 @@ __all__ = [
 _PKG = __package__.rsplit(".backends", 1)[0]  # "deepinfer.flash_mla"
 BLOCK_H, BLOCK_N, HEAD_DIM = 64, 64, 512
 _ABI = 2  # fm_bindings.cpp SPARSE_DECODE_ABI this wrapper calls (extra list, byte row strides, merge modes)
-PLANS = ("default", "fine", "auto", "wave", "cluster")
-MERGES = ("triton", "pdl", "last_cta", "pdl_wide", "cluster")
-_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3, "cluster": 4}
-_MERGE_ABI = {"pdl_wide": 3, "cluster": 5}  # merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
-CLUSTER_SIZES = (8, 4, 2)  # merge "cluster": CTAs per thread-block cluster, the plan's order of preference
-_CLUSTER_ABI = 5  # the _C whose sparse_decode takes the trailing `cluster` argument
-# plan "cluster"'s cost model, in units of one 64-row tile of a CTA's serial chain (~2 us): one 128-KiB partial
-# read by the global merge (~0.19 us each at the 0.7 TB/s session 10 measured for 65 of them at HCA 1M)
-CLUSTER_PARTIAL_COST = 0.1
+PLANS = ("default", "fine", "auto", "wave")
+MERGES = ("triton", "pdl", "last_cta", "pdl_wide")
+_MERGE_CODE = {"triton": 0, "pdl": 1, "last_cta": 2, "pdl_wide": 3}
+_MERGE_ABI = {"pdl_wide": 3}  # merges that need a newer _C than _ABI (fm_bindings.cpp SPARSE_DECODE_ABI)
 FP8_PATHS = ("stage", "vec")  # FP8 tile path: kv_mode 1 / 2 of fm_bindings.cpp sparse_decode
 _FP8_PATH_ABI = {"vec": 4}  # paths that need a newer _C than _ABI
 FINE_MAX_TILES = 16  # "auto" plan: above this a token's partials (one [h, 512] fp32 per split) cost more to merge
@@ -187,95 +178,9 @@ def cuda_num_splits(t: int, num_hb: int, tiles: int, num_sms: int, plan: str = "
     """Splits per token of the CUDA kernel under a named plan (see the module docstring); shapes only."""
     if plan not in PLANS:
         raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
-    if plan == "cluster":
-        return cluster_plan(t, num_hb, tiles, num_sms, _estimated_capacity(num_sms))[0]
     one_wave = t * num_hb * tiles <= num_sms  # every tile its own CTA, all in one wave
     fine = plan == "fine" or (plan == "auto" and tiles <= FINE_MAX_TILES and one_wave) or (plan == "wave" and one_wave)
     return plan_num_splits(t, num_hb, tiles, num_sms, min_tiles=1 if fine else 2)
-
-
-def _estimated_capacity(num_sms: int) -> tuple[int, ...]:
-    """Clusters of each CLUSTER_SIZES size resident at once without asking the device (one CTA per SM): a cluster
-    must sit in one GPC, and Hopper's GPCs hold ~16 usable SMs (132 on an H200: ~16 clusters of 8, 32 of 4)."""
-    return tuple((num_sms // 16) * (16 // c) for c in CLUSTER_SIZES)
-
-
-@functools.cache
-def cluster_plan(
-    t: int, num_hb: int, tiles: int, num_sms: int, capacity: tuple[int, ...],
-    cluster: int | None = None, tiles_per_split: int | None = None,
-) -> tuple[int, int]:  # fmt: skip
-    """(splits per token, cluster size) for merge="cluster" (plan "cluster"; shapes only, cached).
-
-    Candidates: tiles per split 1.. (or `tiles_per_split`) x cluster sizes CLUSTER_SIZES (or `cluster`) whose grid,
-    padded to whole clusters, fits one wave (t * num_hb * ceil(splits / C) <= capacity[C's position]). Picks the least
-    estimated cost, tiles per split + CLUSTER_PARTIAL_COST x partials per token (none when one cluster holds the
-    token: no global merge), ties to the larger cluster. HCA 1M b = 1 on an H200: 2 tiles per split, C = 8 (9
-    clusters, 9 partials instead of 65). Nothing fits (many tokens): the default plan's splits (or the given tiles
-    per split) and the given cluster size or 2.
-    """
-    sizes = (cluster,) if cluster else CLUSTER_SIZES
-    tpss = (tiles_per_split,) if tiles_per_split else range(1, max(tiles, 1) + 1)
-    best: tuple[float, int, int] | None = None
-    for tps in tpss:
-        splits = max(1, -(-tiles // tps))
-        for c in sizes:
-            ncl = -(-splits // c)
-            if t * num_hb * ncl > capacity[CLUSTER_SIZES.index(c)]:
-                continue
-            cost = tps + CLUSTER_PARTIAL_COST * (ncl if ncl > 1 else 0)
-            if best is None or cost < best[0]:
-                best = (cost, splits, c)
-    if best is not None:
-        return best[1], best[2]
-    splits = -(-tiles // tiles_per_split) if tiles_per_split else plan_num_splits(t, num_hb, tiles, num_sms)
-    return max(1, splits), cluster or CLUSTER_SIZES[-1]
-
-
-@functools.cache
-def _device_capacity(device: torch.device, mode: int) -> tuple[int, ...]:
-    """Clusters of each CLUSTER_SIZES size of the merge-4 kernel (kv_mode) resident at once on `device`: the
-    device's answer (cudaOccupancyMaxActiveClusters) once per process, `_estimated_capacity` if it has none."""
-    mod = _module()
-    if mod is None or not hasattr(mod, "cluster_capacity"):
-        return _estimated_capacity(device_sms(device))
-    with torch.cuda.device(device):
-        return tuple(int(mod.cluster_capacity(mode, c)) for c in CLUSTER_SIZES)
-
-
-def _check_cluster_options(merge: str, cluster: int | None, mode: int) -> None:
-    if cluster is not None and cluster not in CLUSTER_SIZES:
-        raise ValueError(f"cluster: expected one of {CLUSTER_SIZES}, got {cluster!r}")
-    if merge == "cluster" and mode == 1:
-        raise ValueError('merge="cluster" takes a BF16 cache or fp8_path="vec", not fp8_path="stage"')
-
-
-def _plan(
-    t: int, num_hb: int, tiles: int, device: torch.device, mode: int, plan: str, merge: str,
-    num_splits: int | None, cluster: int | None, tiles_per_split: int | None,
-) -> tuple[int, int, int]:  # fmt: skip
-    """(splits per token, tiles per split, cluster size: 1 unless merge="cluster") of a call. Plan "cluster" picks
-    the split count (and, under merge "cluster", the cluster size) with `cluster_plan`; merge "cluster" under any
-    other plan or a given split count takes `cluster` or the best size for that split count."""
-    if tiles_per_split is not None:
-        if num_splits is not None or int(tiles_per_split) < 1:
-            raise ValueError(f"tiles_per_split: a count >= 1, not with num_splits; got {tiles_per_split!r}")
-        num_splits = -(-tiles // int(tiles_per_split)) if tiles else 1
-    sms = device_sms(device)
-    c = 0
-    if num_splits is None and plan == "cluster":
-        num_splits, c = cluster_plan(t, num_hb, tiles, sms, _device_capacity(device, 2 if mode else 0), cluster)
-    elif num_splits is None:
-        num_splits = cuda_num_splits(t, num_hb, tiles, sms, plan)
-    num_splits = max(1, min(int(num_splits), max(tiles, 1)))
-    per_split = -(-tiles // num_splits)
-    num_splits = max(1, -(-tiles // per_split)) if tiles else 1  # no empty trailing split
-    if merge != "cluster":
-        return num_splits, per_split, 1
-    if not c:
-        caps = _device_capacity(device, 2 if mode else 0)
-        c = cluster or cluster_plan(t, num_hb, tiles, sms, caps, None, max(per_split, 1))[1]
-    return num_splits, per_split, c
 
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
@@ -307,8 +212,6 @@ def sparse_attn_cuda(
     merge: str | None = None,
     prefetch: bool | int | None = None,
     fp8_path: str | None = None,
-    cluster: int | None = None,
-    tiles_per_split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention on the compiled sm_90a kernel; returns (out [t, h, 512] bf16, lse fp32 [t, h]).
 
@@ -326,8 +229,6 @@ def sparse_attn_cuda(
             one wave), an int (that many tokens ahead), False / 0 (off), None (DEFAULT_OPTIONS).
         fp8_path: FP8 cache tile path from FP8_PATHS ("stage" / "vec", same bits; None: DEFAULT_OPTIONS);
             ignored for a BF16 cache.
-        cluster: merge="cluster" only: CTAs per thread-block cluster, 2 / 4 / 8 (None: `cluster_plan` picks).
-        tiles_per_split: 64-row tiles per split instead of num_splits (the two are exclusive).
     """
     why = supports(q, kv, extra_kv)
     if why is not None:
@@ -344,7 +245,6 @@ def sparse_attn_cuda(
         raise ValueError(f"merge={merge!r} needs SPARSE_DECODE_ABI >= {_MERGE_ABI[merge]}, got {abi}: rebuild _C")
     t, h, d = q.shape
     mode = kv_mode(_cache_format(kv) == "fp8", fp8_path)
-    _check_cluster_options(merge, cluster, mode)
     idx = _index_rows("indices", indices, t)
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (h,)):
         raise ValueError(f"sink: expected fp32 [{h}], got {sink.dtype} {tuple(sink.shape)}")
@@ -370,15 +270,16 @@ def sparse_attn_cuda(
     num_hb = -(-h // BLOCK_H)
     topk2 = ex_idx.shape[1] if ex_idx is not None else 0
     tiles = -(-(idx.shape[1] + topk2) // BLOCK_N)
-    num_splits, per_split, c = _plan(
-        t, num_hb, tiles, q.device, mode, plan, merge, num_splits, cluster, tiles_per_split
-    )
-    parts = -(-num_splits // c)  # partials per token (merge "cluster": one per cluster; one cluster: none)
+    if num_splits is None:
+        num_splits = cuda_num_splits(t, num_hb, tiles, device_sms(q.device), plan)
+    num_splits = max(1, min(int(num_splits), max(tiles, 1)))
+    per_split = -(-tiles // num_splits)
+    num_splits = max(1, -(-tiles // per_split)) if tiles else 1  # no empty trailing split
     po = pl = ctr = 0
     part_o = part_lse = None
-    if parts > 1:
-        part_o = torch.empty(t * parts * h, d, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(t * parts * h, dtype=torch.float32, device=q.device)
+    if num_splits > 1:
+        part_o = torch.empty(t * num_splits * h, d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(t * num_splits * h, dtype=torch.float32, device=q.device)
         po, pl = part_o.data_ptr(), part_lse.data_ptr()
         if merge == "last_cta":
             ctr = _counters(q.device, t * num_hb).data_ptr()
@@ -396,7 +297,6 @@ def sparse_attn_cuda(
         kv_f.stride(0) * kv_f.element_size(), ex_f.stride(0) * ex_f.element_size(),
         q_c.stride(0), q_c.stride(1), o_dst.stride(0), o_dst.stride(1), lse_out.stride(0), lse_out.stride(1),
         mode if abi >= 4 else bool(mode), torch.cuda.current_stream(q.device).cuda_stream,
-        *((c,) if abi >= _CLUSTER_ABI else ()),
     )  # fmt: skip
     if part_o is not None and part_lse is not None and merge == "triton":
         combine_splits(part_o, part_lse, sink_c, o_dst, lse_out, num_splits, bf16_rne=False)
@@ -434,9 +334,8 @@ def self_check(seed: int = 0, device: str = "cuda") -> str:
     ex2 = torch.where(ex_ok, torch.argsort(perm).to(torch.int32)[ex.clamp(0, n - 1).long()], ex)
     sink = torch.randn(BLOCK_H, generator=g).to(device)
     cases = [(None, False, None, 0), (1, False, None, 1), (10, False, "last_cta", 0), (1, True, None, 2)]
-    # every merge the loaded _C supports (the default may pick any of them) but "cluster": not GPU-measured yet and
-    # never a default, so a fault in it must not switch the default kernel off (the benchmark probes it itself)
-    cases += [(None, True, m, 0) for m in MERGES if m != "cluster" and _abi() >= _MERGE_ABI.get(m, _ABI)]
+    # every merge the loaded _C supports (the default may pick any of them)
+    cases += [(None, True, m, 0) for m in MERGES if _abi() >= _MERGE_ABI.get(m, _ABI)]
     fails = []
     for fp8 in (False, True):
         kv = pack_fp8_kv_ref(cache) if fp8 else cache.clone()

@@ -534,8 +534,6 @@ def sparse_attn_split_triton(
     cuda_merge: str | None = None,
     cuda_prefetch: bool | int | None = None,
     cuda_fp8_path: str | None = None,
-    cuda_cluster: int | None = None,
-    cuda_tiles_per_split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse sink attention, all heads per program, split-KV; returns (out [t, h, d] q.dtype, lse fp32 [t, h]).
 
@@ -565,9 +563,6 @@ def sparse_attn_split_triton(
             ignored when another kernel runs (ws3: the serial kernel's default split plan, Triton combine).
         cuda_fp8_path: the serial CUDA kernel's FP8 tile path (`cuda_sparse_decode.FP8_PATHS`: "stage" / "vec",
             same bits; None: its DEFAULT_OPTIONS); ignored when another kernel runs or the cache is BF16.
-        cuda_cluster, cuda_tiles_per_split: the serial CUDA kernel's `sparse_attn_cuda(cluster=, tiles_per_split=)`:
-            CTAs per thread-block cluster of cuda_merge="cluster" (2 / 4 / 8; None: its plan picks) and 64-row
-            tiles per split instead of num_splits; ignored when another kernel runs.
     """
     if q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"q: expected bf16/fp32 [t, h, d], got {q.dtype} {tuple(q.shape)}")
@@ -593,7 +588,7 @@ def sparse_attn_split_triton(
         return cu.sparse_attn_cuda(
             q, kv, indices, sink, softmax_scale, out=out, lse_out=lse_out, num_splits=num_splits,
             extra_kv=extra_kv, extra_indices=extra_indices, plan=cuda_plan, merge=cuda_merge,
-            prefetch=cuda_prefetch, fp8_path=cuda_fp8_path, cluster=cuda_cluster, tiles_per_split=cuda_tiles_per_split,
+            prefetch=cuda_prefetch, fp8_path=cuda_fp8_path,
         )  # fmt: skip
     if kernel in COMPILED_KERNELS:
         raise ValueError(f"kernel={kernel!r} cannot run this call: {why}")
