@@ -1,10 +1,10 @@
 """FP8 block-scaled GEMM with double-buffered promotion (fp8_db) side by side with the FP8 API and cuBLAS (issue 6).
 
-Dense: m 4096 / 16384 x (n, k) in the issue's set with n % 128 == 0; rows: the API's `fp8_gemm_nt` (CUTLASS on the
-H200: today's default), `fp8_db_s5` / `fp8_db_s4` / `fp8_db_s5_stagger` (backends/cuda/cuda_fp8_db.py: ring depth
+Dense: m 4096 / 16384 x (n, k) in the issue's set with n % 128 == 0; rows: the API's `fp8_gemm_nt` (since session 12
+fp8_wide on the shapes `cuda_fp8_db.wide_rule` names, CUTLASS elsewhere), `api_cutlass` (the API forced to its
+CUTLASS kernel, DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass: the pre-session-12 default; x_api_cutlass), `fp8_db_s5` / `fp8_db_s4` / `fp8_db_s5_stagger` (backends/cuda/cuda_fp8_db.py: ring depth
 5 / 4; consumer warpgroup 1 started ~1 us late), `fp8_db_t5` / `fp8_db_t4` (the TMA producer, tma=True; session 9,
-first GPU run), `fp8_wide_t4` / `fp8_wide_t3` (128 x 256 tiles, wide=True; session 12, first GPU run: n % 256 == 0
-cases only) and `torch._scaled_mm` with row-wise scales (cuBLAS; another scaling, the throughput reference).
+first GPU run), `fp8_wide_t4` / `fp8_wide_t3` (128 x 256 tiles, wide=True; session 12: n % 256 == 0 cases only) and `torch._scaled_mm` with row-wise scales (cuBLAS; another scaling, the throughput reference).
 Grouped: 256 experts x 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up and (4096, 2048) down; rows:
 the API's `m_grouped_fp8_gemm_nt_contiguous` (CUTLASS grouped) and fp8_db on the same operands (offs form). Every
 fp8_db / fp8_wide row records calc_diff vs the API's output of the same case, x_s5 (vs fp8_db_s5), x_t4 (vs
@@ -33,6 +33,7 @@ import bench_dg_w4a8_ws as ws  # noqa: E402  (time_into: the timing and error re
 import torch  # noqa: E402
 
 from deepinfer import deep_gemm as dg  # noqa: E402
+from deepinfer.deep_gemm._dispatch import FP8_DENSE_ENV  # noqa: E402
 from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db  # noqa: E402
 from kernelkit import write_results_json  # noqa: E402
 from kernelkit.numerics import calc_diff  # noqa: E402
@@ -44,7 +45,21 @@ GROUPED = {"gate_up": (4096, 4096), "down": (4096, 2048)}
 TPES = (256, 1024)
 EXPERTS = 256
 API, CUBLAS, S5, T4 = "api", "torch_scaled_mm_rowwise", "fp8_db_s5", "fp8_db_t4"
+API_CUTLASS = "api_cutlass"  # the API with DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (its pre-session-12 dense kernel)
 BUDGET_S = 80.0
+
+
+def _with_env(name: str, value: str, fn, *args):  # noqa: ANN001, ANN202
+    """fn(*args) with os.environ[name] = value (the API reads its kernel choice per call), restored after."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn(*args)
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def _fp8(shape: tuple[int, ...], dev: str) -> torch.Tensor:
@@ -89,7 +104,7 @@ def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
         name = rec["impl"]
         if name not in times:
             continue
-        for key, ref in (("x_api", API), ("x_cublas", CUBLAS), ("x_s5", S5), ("x_t4", T4)):
+        for key, ref in (("x_api", API), ("x_api_cutlass", API_CUTLASS), ("x_cublas", CUBLAS), ("x_s5", S5), ("x_t4", T4)):
             if ref in times:
                 rec[key] = times[ref] / times[name]
         if name.startswith("fp8_") and base is not None:
@@ -109,6 +124,9 @@ def dense_case(m: int, n: int, k: int, dev: str, rep: int) -> list[dict]:
     api_out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     impls = {API: (lambda: dg.fp8_gemm_nt((a, sfa), (b, sfb), api_out), api_out)}
     if dev == "cuda":
+        cut_out = torch.empty_like(api_out)
+        impls[API_CUTLASS] = (lambda: _with_env(FP8_DENSE_ENV, "cutlass", dg.fp8_gemm_nt, (a, sfa), (b, sfb), cut_out),
+                              cut_out)  # fmt: skip
         offs = torch.full((1,), m, dtype=torch.int32, device=dev)
         impls.update(_db_impls(a, sfa, b[None], sfb[None], offs, (m, n), dev))
         sa_row, sb_row = torch.rand(m, 1, device=dev) + 0.5, torch.rand(1, n, device=dev) + 0.5
@@ -135,7 +153,7 @@ def _line(r: dict) -> str:
     shape = f"m={r.get('m')} n={r.get('n')} k={r.get('k')}" + (f" tpe={r['tpe']}" if "tpe" in r else "")
     if "error" in r:
         return f"{r.get('op')} {shape} {r['impl']}: ERROR {r['error']}"
-    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_cublas", "x_s5", "x_t4") if key in r)
+    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_api_cutlass", "x_cublas", "x_s5", "x_t4") if key in r)
     diff = f" diff_vs_api={r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
     diff += "".join(f" {key}={r[key]}" for key in ("bits_eq_s5", "bits_eq_t4") if key in r)
     return f"{r['op']} {shape} {r['impl']}: {r['median_us']:.1f} us {r['tflops']:.0f} TFLOPS {xs}{diff}"

@@ -93,6 +93,31 @@ def test_wide_validation(n: int) -> None:
         db.fp8_gemm_nt_db(a, sfa, args["b"][0], args["sfb"][0], args["out"], wide=True)
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "k", "want"),
+    [
+        (4096, 4096, 2048, True), (16384, 32768, 1024, True), (4096, 1024, 4096, True), (4096, 2048, 4096, True),
+        (16384, 2048, 4096, False), (4096, 4096, 8192, False), (16384, 4096, 8192, False),  # CUTLASS measured faster
+        (2048, 4096, 2048, False),  # m < WIDE_API_MIN_M: not measured against the API
+        (4096, 4224, 2048, False),  # n % 256 != 0
+    ],
+)  # fmt: skip
+def test_wide_rule(m: int, n: int, k: int, want: bool) -> None:
+    """The API's auto rule for the 128 x 256 tile kernel (session 12's H200 runs; see wide_rule)."""
+    assert db.wide_rule(m, n, k) is want
+
+
+def test_dense_env_accepts_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPINFER_DEEP_GEMM_FP8_DENSE=wide parses (a CPU device falls back to "triton"); a bad value names the env."""
+    from deepinfer.deep_gemm._dispatch import FP8_DENSE_ENV, fp8_dense_impl
+
+    monkeypatch.setenv(FP8_DENSE_ENV, "wide")
+    assert fp8_dense_impl(torch.device("cpu")) in ("wide", "triton")
+    monkeypatch.setenv(FP8_DENSE_ENV, "widest")
+    with pytest.raises(ValueError, match=FP8_DENSE_ENV):
+        fp8_dense_impl(torch.device("cpu"))
+
+
 def test_variant_names() -> None:
     assert db.variant_name(5, False, True) == "fp8_db_t5"
     assert [db.variant_name(s, bool(t), w) for s, t, w in WIDE] == ["fp8_wide_t4", "fp8_wide_t3"]
@@ -398,6 +423,53 @@ def test_gpu_wide_dense_and_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     _assert_bits(replay, out, "graph replay wide")
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_gpu_dense_offs_first_made_in_a_capture() -> None:
+    """A dense call first seen inside a CUDA-graph capture makes its one-group offs there (not cached: it lives in
+    the graph's pool); the replay is right, and a later eager call with the same m makes and caches its own."""
+    m, n, k = 417, 256, 256
+    a, sfa, b, sfb, _ = _ops([m], n, k, 91, "cuda", extra=0)
+    assert (m, a.device) not in db._DENSE_OFFS
+    graph, out = torch.cuda.CUDAGraph(), torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with torch.cuda.graph(graph):
+        db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, wide=True)
+    assert (m, a.device) not in db._DENSE_OFFS
+    graph.replay()
+    eager = torch.empty_like(out)
+    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], eager, wide=True)
+    torch.cuda.synchronize()
+    assert (m, a.device) in db._DENSE_OFFS
+    _assert_bits(out, eager, "graph-made offs vs cached offs")
+    _assert_close(eager, _oracle(a, sfa, b, sfb, [m]), "dense m=417")
+
+
+@pytest.mark.gpu
+@needs_kernel
+@pytest.mark.parametrize("env", ["auto", "wide", "cutlass"])
+def test_gpu_api_routes_wide(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The public fp8_gemm_nt runs fp8_wide where the auto rule (or =wide) says, bit-equal to the direct call and
+    within the float64-oracle bound; =cutlass never runs it. m 4096 x n 512 x k 1024 (a rule shape)."""
+    from deepinfer import deep_gemm as dg
+    from deepinfer.deep_gemm._dispatch import FP8_DENSE_ENV
+
+    monkeypatch.setenv(FP8_DENSE_ENV, env)
+    m, n, k = 4096, 512, 1024
+    a, sfa, b, sfb, _ = _ops([m], n, k, 55, "cuda", extra=0)
+    calls = []
+    real = db.fp8_gemm_nt_db
+    monkeypatch.setattr(db, "fp8_gemm_nt_db", lambda *args, **kw: calls.append(kw) or real(*args, **kw))
+    got = dg.fp8_gemm_nt((a, sfa), (b[0], sfb[0]))
+    torch.cuda.synchronize()
+    assert bool(calls) is (env != "cutlass"), f"env={env}: fp8_wide calls {calls}"
+    want = torch.empty_like(got)
+    real(a, sfa, b[0], sfb[0], want, wide=True)
+    torch.cuda.synchronize()
+    if env != "cutlass":
+        _assert_bits(got, want, f"API env={env}")
+    _assert_close(got, _oracle(a, sfa, b, sfb, [m]), f"API env={env}")
 
 
 @pytest.mark.skipif(not set(WIDE) <= set(db.compiled_variants()), reason="_C built without the wide kernel")

@@ -13,10 +13,12 @@ import torch
 from ._backend import ENV_VAR, backend
 
 FP8_DENSE_ENV = "DEEPINFER_DEEP_GEMM_FP8_DENSE"
-FP8_DENSE_CHOICES = ("auto", "triton", "cutlass")
-# What "auto" means for the dense FP8 GEMM: "per_shape" = `backends/cuda/cutlass_fp8.auto_config`'s choice between
-# the CUTLASS kernel (proven on the H200 in round 1: 95 GPU tests, 1.3-1.5x Triton at m > 128) and Triton (decode
-# m <= 16, short-k small m). "triton" restores the round-1 default.
+FP8_DENSE_CHOICES = ("auto", "triton", "cutlass", "wide")
+# What "auto" means for the dense FP8 GEMM: "per_shape" = the compiled fp8_wide kernel where
+# `backends/cuda/cuda_fp8_db.wide_rule` says (session 12), else `backends/cuda/cutlass_fp8.auto_config`'s choice
+# between the CUTLASS kernel (proven on the H200 in round 1: 95 GPU tests, 1.3-1.5x Triton at m > 128) and Triton
+# (decode m <= 16, short-k small m). "triton" restores the round-1 default; "cutlass" never runs fp8_wide; "wide" runs
+# fp8_wide for every call it fits (the rest as "per_shape").
 FP8_DENSE_AUTO = "per_shape"
 
 
@@ -35,8 +37,9 @@ def use_triton(device: torch.device) -> bool:
 
 
 def fp8_dense_impl(device: torch.device) -> str:
-    """Which kernel a CUDA `fp8_gemm_nt` call prefers (env DEEPINFER_DEEP_GEMM_FP8_DENSE): "cutlass", "triton", or
-    "per_shape" (auto: `cutlass_fp8.auto_config(m, n, k)` picks a CUTLASS config or None = Triton).
+    """Which kernel a CUDA `fp8_gemm_nt` call prefers (env DEEPINFER_DEEP_GEMM_FP8_DENSE): "cutlass", "triton", "wide"
+    or "per_shape" (auto: `cuda_fp8_db.wide_rule(m, n, k)` picks fp8_wide, else `cutlass_fp8.auto_config(m, n, k)` a
+    CUTLASS config or None = Triton).
 
     "cutlass" also needs DEEPINFER_DEEP_GEMM_BACKEND auto or cuda and a CUDA fast path for `device` (not the
     reference); whether `_C` has the kernel and the call fits it is `backends/cuda/cutlass_fp8.applies`'s to say

@@ -120,7 +120,10 @@ def fp8_gemm_nt(
     DEEPINFER_DEEP_GEMM_BACKEND=reference. The CUTLASS SM90 kernel (`backends/cuda/cutlass_fp8.py`, when `_C` was
     built with it) takes the calls it fits (bf16 out, bf16 or no C, k % 128 == 0, n % 8 == 0) where
     `cutlass_fp8.auto_config` says it is faster (m > 16; see there), or all of them with
-    DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (=triton: never). Never syncs with the host on the Triton or CUTLASS paths.
+    DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (=triton: never). Before both, the compiled 128 x 256 tile kernel
+    (`backends/cuda/cuda_fp8_db.py`, fp8_wide_t4: float32 scales, no C, n % 256 == 0) takes the shapes
+    `cuda_fp8_db.wide_rule` names (m >= 4096 with short k), or every call it fits with =wide. Never syncs with the
+    host on the Triton, CUTLASS or fp8_wide paths.
 
     a: (float8_e4m3fn [m, k], scales float32 | float8_e8m0fnu [m, ceil(k/128)]) — per-token 1x128 scales.
     b: (float8_e4m3fn [n, k], scales [ceil(n/128), ceil(k/128)]) — 128x128 block scales; or
@@ -141,6 +144,10 @@ def fp8_gemm_nt(
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
     if m == 0 or n == 0:  # nothing to compute (a CUDA graph capture must not see an empty launch either)
         return out
+    if _fp8_wide_ok(a_val, sfa, b_val, sfb, out, c):
+        from .backends.cuda.cuda_fp8_db import fp8_gemm_nt_db
+
+        return fp8_gemm_nt_db(a_val, sfa, b_val, sfb, out, wide=True)
     cutlass_cfg = _fp8_cutlass_config(a_val, b_val, out, c)
     if cutlass_cfg is not None:
         from .backends.cuda.cutlass_fp8 import fp8_gemm_nt_cutlass
@@ -151,6 +158,24 @@ def fp8_gemm_nt(
 
         return fp8_gemm_nt_triton(a_val, sfa, b_val, sfb, out, c)
     return ref.fp8_gemm_nt(a_val, sfa, b_val, sfb, out, c)
+
+
+def _fp8_wide_ok(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
+) -> bool:
+    """The compiled fp8_wide kernel (128 x 256 tiles) takes this call: CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE
+    "wide": every call it fits; "auto": where `cuda_fp8_db.wide_rule` says), and the operands fit it as they are."""
+    if not a.is_cuda:
+        return False
+    choice = fp8_dense_impl(a.device)
+    if choice not in ("per_shape", "wide"):
+        return False
+    from .backends.cuda import cuda_fp8_db
+
+    (m, k), n = a.shape, b.shape[0]
+    if choice == "per_shape" and not cuda_fp8_db.wide_rule(m, n, k):
+        return False
+    return cuda_fp8_db.wide_applies(a, sfa, b, sfb, out, c)
 
 
 def _fp8_cutlass_config(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> int | None:
@@ -167,7 +192,8 @@ def _fp8_cutlass_config(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: 
     if not cutlass_fp8.applies(a, b, out, c):
         return None
     (m, k), n = a.shape, b.shape[0]
-    cfg = cutlass_fp8.auto_config(m, n, k) if choice == "per_shape" else cutlass_fp8.default_config(m, n, k)
+    per_shape = choice in ("per_shape", "wide")  # "wide": the calls fp8_wide cannot take dispatch as auto
+    cfg = cutlass_fp8.auto_config(m, n, k) if per_shape else cutlass_fp8.default_config(m, n, k)
     return cfg if cfg is not None and cfg < cutlass_fp8.built_configs() else None
 
 

@@ -200,6 +200,27 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, mode)
 
 
+_DENSE_OFFS: dict[tuple[int, torch.device], torch.Tensor] = {}  # (m, device) -> int32 [1] = m, never evicted
+_DENSE_OFFS_MAX = 4096  # distinct m kept (512 bytes each); past this, a fill per call
+
+
+def _dense_offs(m: int, device: torch.device) -> torch.Tensor:
+    """int32 [1] = m, the dense call's one group (read-only: the kernel only reads it). Made once per (m, device)
+    outside CUDA-graph capture and reused, inside a capture too (a graph captured after a warm-up call reads the
+    cached tensor: no fill kernel per call, 3-10 % of a 35-70 us GEMM). Entries are never dropped, because a captured
+    graph may still read one; a tensor first needed inside a capture is made there (a fill in the graph) and not kept
+    (it belongs to the graph's memory pool)."""
+    key = (m, device)
+    t = _DENSE_OFFS.get(key)
+    if t is not None:
+        return t
+    t = torch.full((1,), m, dtype=torch.int32, device=device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type == "cuda" and not capturing and len(_DENSE_OFFS) < _DENSE_OFFS_MAX:
+        _DENSE_OFFS[key] = t
+    return t
+
+
 def fp8_gemm_nt_db(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -224,7 +245,48 @@ def fp8_gemm_nt_db(
         raise TypeError(f"a: expected a torch.Tensor, got {type(a).__name__}")
     b3 = b.unsqueeze(0) if isinstance(b, torch.Tensor) else b
     sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
-    offs = torch.full((1,), a.shape[0], dtype=torch.int32, device=a.device)  # a fill kernel: graph-capturable
+    offs = _dense_offs(a.shape[0], a.device)
     stages, mode = _mode(stages, tma, wide)
     m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out, wide)
     return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, mode)
+
+
+# ------------------------------------------------------------------------------------------------ API routing
+
+WIDE_API_MIN_M = 4096  # below: not measured against the API's CUTLASS configs; they keep those calls
+
+
+def wide_rule(m: int, n: int, k: int) -> bool:
+    """True where `fp8_gemm_nt`'s auto dispatch runs fp8_wide_t4 instead of its CUTLASS config (H200, session 12,
+    two runs of `bench_dg_fp8_db.py`: fp8_wide 1.01-1.31x the API at m >= 4096 with k <= 2048, 1.06-1.11x at m = 4096
+    with k = 4096; 0.95-0.97x at k = 8192 and at m = 16384 x n = 2048 x k = 4096, which stay on CUTLASS)."""
+    if m < WIDE_API_MIN_M or n % 256:
+        return False
+    return k <= 2048 or (k <= 4096 and m <= 4096)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def wide_applies(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
+) -> bool:
+    """True when fp8_wide_t4 can run this already-validated `fp8_gemm_nt` call as it is (no copies, no host sync):
+    CUDA sm_90 with the kernel in `_C`, FP8 weights, float32 scales in the API's layouts, no C, contiguous bf16 out,
+    n % 256 == 0, k % 128 == 0, 16-byte aligned a / b / out."""
+    if c is not None or not (a.is_cuda and b.dtype == FP8 and out.dtype == torch.bfloat16 and out.is_contiguous()):
+        return False
+    if sfa.dtype != torch.float32 or sfb.dtype != torch.float32 or not (sfa.is_contiguous() and sfb.is_contiguous()):
+        return False
+    (m, k), n = a.shape, b.shape[0]
+    if k == 0 or k % 128 or n % 256 or not (_aligned(a) and _aligned(b) and _aligned(out)):
+        return False
+    if (DEFAULT_WIDE_STAGES, 0, WIDE) not in compiled_variants():
+        return False
+    return _is_sm90(a.device.index if a.device.index is not None else torch.cuda.current_device())
