@@ -300,6 +300,18 @@ def test_gpu_built_variants() -> None:
     assert db.compiled_variants() == db.VARIANTS, f"rebuild _C: built {db.compiled_variants()}, source {db.VARIANTS}"
 
 
+def _assert_dense_replay(ops: tuple, want: torch.Tensor, kw: dict, what: str) -> None:
+    """fp8_gemm_nt_db(*ops, out, **kw) captured in a CUDA graph and replayed into a NaN-filled out == want, bit for bit
+    (the tensor maps are kernel parameters: the capture keeps them)."""
+    graph = torch.cuda.CUDAGraph()
+    replay = torch.full_like(want, float("nan"))
+    with torch.cuda.graph(graph):
+        db.fp8_gemm_nt_db(*ops, replay, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_bits(replay, want, what)
+
+
 @pytest.mark.gpu
 @needs_kernel
 def test_gpu_tma_dense_and_graph() -> None:
@@ -310,13 +322,7 @@ def test_gpu_tma_dense_and_graph() -> None:
     db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, tma=True)
     torch.cuda.synchronize()
     _assert_bits(out, _run((a, sfa, b, sfb, torch.tensor([m], dtype=torch.int32, device="cuda"))), "dense tma")
-    graph = torch.cuda.CUDAGraph()
-    replay = torch.full_like(out, float("nan"))
-    with torch.cuda.graph(graph):
-        db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], replay, tma=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_bits(replay, out, "graph replay tma")
+    _assert_dense_replay((a, sfa, b[0], sfb[0]), out, {"tma": True}, "graph replay tma")
 
 
 @pytest.mark.gpu
@@ -416,13 +422,7 @@ def test_gpu_wide_dense_and_graph() -> None:
     db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], want, stages=4, tma=True)
     torch.cuda.synchronize()
     _assert_bits(out, want, "dense wide")
-    graph = torch.cuda.CUDAGraph()
-    replay = torch.full_like(out, float("nan"))
-    with torch.cuda.graph(graph):
-        db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], replay, wide=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_bits(replay, out, "graph replay wide")
+    _assert_dense_replay((a, sfa, b[0], sfb[0]), out, {"wide": True}, "graph replay wide")
 
 
 @pytest.mark.gpu
