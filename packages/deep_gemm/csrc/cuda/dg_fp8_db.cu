@@ -15,10 +15,10 @@ constexpr int kStaggerNs = 1000;  // ~2 k blocks of one CTA at full rate (stagge
 
 // Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and kernel (a launch under CUDA-graph
 // capture then only launches); returns the SM count.
-template <int NS, int STAGGER, bool TMA = false, bool WIDE = false>
+template <int NS, int STAGGER, bool TMA = false, bool WIDE = false, bool TS = false>
 cudaError_t opt_in(int* sms) {
   if constexpr (WIDE) {
-    return dg_launch::opt_in_smem_once<fp8_wide_kernel<NS>>(WideLayout<NS>::bytes(kMaxGroups), sms);
+    return dg_launch::opt_in_smem_once<fp8_wide_kernel<NS, TS>>(WideLayout<NS>::bytes(kMaxGroups), sms);
   } else if constexpr (TMA) {
     return dg_launch::opt_in_smem_once<fp8_db_tma_kernel<NS>>(DbLayout<NS>::bytes(kMaxGroups), sms);
   } else {
@@ -72,18 +72,44 @@ int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k, int box_r
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
-// The TMA-producer kernels: tensor maps of A [m, k] and B [g * n, k] built per call (host only, ~us; passed by value,
-// so a CUDA-graph capture keeps them). WIDE: fp8_wide_kernel (B box 256 rows), else fp8_db_tma_kernel.
-template <int NS, bool WIDE = false>
-int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
-  const char* kind = WIDE ? "fp8_wide" : "fp8_db tma";
-  DbMaps maps;
-  int res = encode_kmajor(&maps.a, p.a, p.m, p.k);
-  const char* which = "A";
-  if (res == 0) {
-    res = encode_kmajor(&maps.b, p.b, p.g * p.n, p.k, WIDE ? 2 * kBN : kBN);
-    which = "B";
+// map <- fp8_wide_t4s's M-major A scales sfa_t fp32 [ks, m_pad] (row stride m_pad * 4 bytes: m_pad % 4 == 0, the
+// 16-byte multiple TMA requires), box [1 k block, 128 rows] (512 bytes: one stage's scale slot), no swizzle (the
+// consumers index the slot by row), rows >= m_pad zero-filled. Returns a CUresult (0: success; -1: no entry point).
+int encode_scales_mmajor(CUtensorMap* map, const float* base, int m_pad, int ks) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+  if (fn == nullptr) return -1;
+  const cuuint64_t dims[2] = {(cuuint64_t)m_pad, (cuuint64_t)ks};
+  const cuuint64_t strides[1] = {(cuuint64_t)m_pad * sizeof(float)};
+  const cuuint32_t box[2] = {(cuuint32_t)kBM, 1}, elem[2] = {1, 1};
+  return static_cast<int>(fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box,
+                             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+// The tensor maps of a TMA-producer launch: A [m, k], B [g * n, k] (box rows: 256 for WIDE) and, TS, the M-major A
+// scales at p.sfa (fp32 [k / 128, m_pad], m_pad = m rounded up to 4). Returns the failing map's name, or nullptr.
+template <bool WIDE, bool TS, class Maps>
+const char* encode_maps(Maps* maps, const DbParams& p, int* res) {
+  *res = encode_kmajor(&maps->a, p.a, p.m, p.k);
+  if (*res != 0) return "A";
+  *res = encode_kmajor(&maps->b, p.b, p.g * p.n, p.k, WIDE ? 2 * kBN : kBN);
+  if (*res != 0) return "B";
+  if constexpr (TS) {
+    *res = encode_scales_mmajor(&maps->sfa, p.sfa, (p.m + 3) / 4 * 4, p.k / kBK);
+    if (*res != 0) return "sfa (M-major)";
   }
+  return nullptr;
+}
+
+// The TMA-producer kernels: tensor maps built per call (host only, ~us; passed by value, so a CUDA-graph capture
+// keeps them). WIDE: fp8_wide_kernel (B box 256 rows; TS: TMA-fed A scales, "fp8_wide_t4s"), else fp8_db_tma_kernel.
+template <int NS, bool WIDE = false, bool TS = false>
+int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
+  static_assert(WIDE || !TS, "TMA-fed scales: the wide kernel only");
+  const char* kind = TS ? "fp8_wide_t4s" : WIDE ? "fp8_wide" : "fp8_db tma";
+  std::conditional_t<WIDE, WideMaps<TS>, DbMaps> maps;
+  int res = 0;
+  const char* which = encode_maps<WIDE, TS>(&maps, p, &res);
   if (res != 0) {
     if (msg != nullptr) {
       char buf[200];
@@ -95,11 +121,11 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
   }
   int sms = 0;
   const int smem = WIDE ? WideLayout<NS>::bytes(p.g) : DbLayout<NS>::bytes(p.g);
-  cudaError_t err = opt_in<NS, 0, true, WIDE>(&sms);
+  cudaError_t err = opt_in<NS, 0, true, WIDE, TS>(&sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;
     if constexpr (WIDE) {
-      fp8_wide_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
+      fp8_wide_kernel<NS, TS><<<ctas, kThreads, smem, stream>>>(p, maps);
     } else {
       fp8_db_tma_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
     }
@@ -117,11 +143,11 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
 }  // namespace
 
 std::vector<std::tuple<int, int, int>> fp8_db_variants() {
-  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {3, 0, 2}};
+  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {3, 0, 2}, {4, 0, 3}};
 }
 
 int fp8_db_smem_bytes(int stages, int g, int tma) {
-  if (tma == 2) {
+  if (tma == 2 || tma == 3) {  // 3: fp8_wide_t4s, the same ring (its B-scale slots unused)
     if (stages == 4) return WideLayout<4>::bytes(g);
     if (stages == 3) return WideLayout<3>::bytes(g);
     return -1;
@@ -143,9 +169,9 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     *msg = buf;
     return -2;
   }
-  if (tma == 2 && n % (2 * kBN) != 0) {
+  if ((tma == 2 || tma == 3) && n % (2 * kBN) != 0) {
     char buf[200];
-    std::snprintf(buf, sizeof(buf), "fp8_wide (tma=2, 128 x 256 tiles): expected n %% 256 == 0, got n=%d", n);
+    std::snprintf(buf, sizeof(buf), "fp8_wide (tma=%d, 128 x 256 tiles): expected n %% 256 == 0, got n=%d", tma, n);
     *msg = buf;
     return -2;
   }
@@ -159,6 +185,7 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     if (stages == 5 && stagger == 0 && tma == 1) return launch_tma<5>(p, ctas, s, msg);
     if (stages == 4 && stagger == 0 && tma == 2) return launch_tma<4, true>(p, ctas, s, msg);
     if (stages == 3 && stagger == 0 && tma == 2) return launch_tma<3, true>(p, ctas, s, msg);
+    if (stages == 4 && stagger == 0 && tma == 3) return launch_tma<4, true, true>(p, ctas, s, msg);
     return -1;
   }
   if (stages == 4 && stagger == 0) return launch<4>(p, ctas, s, msg);
