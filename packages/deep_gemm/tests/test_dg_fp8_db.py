@@ -1,4 +1,5 @@
-"""The FP8 block-scaled GEMM with double-buffered promotion (`backends/cuda/cuda_fp8_db.py`, csrc/cuda/dg_fp8_db.cuh).
+"""The FP8 block-scaled GEMM with double-buffered promotion (`backends/cuda/cuda_fp8_db.py`, csrc/cuda/dg_fp8_db.cuh and
+dg_fp8_tma.cuh).
 
 CPU: argument validation (each bad argument raises naming it), the unbuilt-kernel error, an sm_90a nvcc compile check
 (no spills, no wgmma serialisation warning). `gpu`: against a float64 oracle (calc_diff < 1e-5, the CUTLASS FP8 tests'

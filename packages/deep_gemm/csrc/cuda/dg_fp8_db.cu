@@ -1,11 +1,12 @@
-// Launchers of the FP8 block-scaled grouped GEMM with double-buffered promotion (kernel and numerics: dg_fp8_db.cuh).
+// Launchers of the FP8 block-scaled grouped GEMM with double-buffered promotion (kernels and numerics: dg_fp8_db.cuh,
+// dg_fp8_tma.cuh).
 #include "dg_fp8_db.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the driver entry point is looked up at run time)
 
 #include <cstdio>
 
-#include "dg_fp8_db.cuh"
+#include "dg_fp8_tma.cuh"  // (includes dg_fp8_db.cuh)
 #include "dg_launch.h"
 
 namespace dg_fp8db {

@@ -46,5 +46,5 @@ void dg_register_fp8_db(pybind11::module_& m) {
         py::arg("k"), py::arg("g"), py::arg("ctas"), py::arg("stream"),
         "FP8 block-scaled M-grouped GEMM (contiguous offs layout), double-buffered promotion; tma=1: the TMA "
         "producer; tma=2: 128 x 256 tiles with the TMA producer, n % 256 == 0; tma=3: tma=2 with TMA-fed A scales, "
-        "sfa = the M-major fp32 [k / 128, m rounded up to 4] copy (csrc/cuda/dg_fp8_db.cuh).");
+        "sfa = the M-major fp32 [k / 128, m rounded up to 4] copy (csrc/cuda/dg_fp8_tma.cuh).");
 }

@@ -1,6 +1,6 @@
 """Compiled FP8 block-scaled GEMM with double-buffered promotion ("fp8_db", sm_90a wgmma; issue 6).
 
-Kernel: `csrc/cuda/dg_fp8_db.cuh` (built into `deepinfer.deep_gemm._C` by DEEPINFER_DEVICE=cuda builds; no CUTLASS).
+Kernels: `csrc/cuda/dg_fp8_db.cuh` (cp.async) and `csrc/cuda/dg_fp8_tma.cuh` (TMA, wide) (built into `deepinfer.deep_gemm._C` by DEEPINFER_DEVICE=cuda builds; no CUTLASS).
 Same math as `reference.fp8_gemm_nt`: out[r, c] = sum over 128-deep k blocks kb of sfa[r, kb] * sfb[c // 128, kb] *
 (a[r, kb-block] . b[c, kb-block]), fp32 accumulation, bf16 out. Each consumer warpgroup keeps two temporary
 accumulator sets, so block b's wgmmas run while block b - 1 is promoted (the CUTLASS collective waits for every
