@@ -144,11 +144,12 @@ def fp8_gemm_nt(
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a_val.device)
     if m == 0 or n == 0:  # nothing to compute (a CUDA graph capture must not see an empty launch either)
         return out
-    if _fp8_wide_ok(a_val, sfa, b_val, sfb, out, c):
+    choice = fp8_dense_impl(a_val.device) if a_val.is_cuda else None  # read once for both compiled paths
+    if _fp8_wide_ok(choice, a_val, sfa, b_val, sfb, out, c):
         from .backends.cuda.cuda_fp8_db import fp8_gemm_nt_db
 
         return fp8_gemm_nt_db(a_val, sfa, b_val, sfb, out, wide=True)
-    cutlass_cfg = _fp8_cutlass_config(a_val, b_val, out, c)
+    cutlass_cfg = _fp8_cutlass_config(choice, a_val, b_val, out, c)
     if cutlass_cfg is not None:
         from .backends.cuda.cutlass_fp8 import fp8_gemm_nt_cutlass
 
@@ -161,13 +162,17 @@ def fp8_gemm_nt(
 
 
 def _fp8_wide_ok(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
+    choice: str | None,
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    out: torch.Tensor,
+    c: torch.Tensor | None,
 ) -> bool:
-    """The compiled fp8_wide kernel (128 x 256 tiles) takes this call: CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE
-    "wide": every call it fits; "auto": where `cuda_fp8_db.wide_rule` says), and the operands fit it as they are."""
-    if not a.is_cuda:
-        return False
-    choice = fp8_dense_impl(a.device)
+    """The compiled fp8_wide kernel (128 x 256 tiles) takes this call: CUDA (choice = `fp8_dense_impl`, None off
+    CUDA), chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE "wide": every call it fits; "auto": where `cuda_fp8_db.wide_rule`
+    says), and the operands fit it as they are."""
     if choice not in ("per_shape", "wide"):
         return False
     from .backends.cuda import cuda_fp8_db
@@ -178,14 +183,13 @@ def _fp8_wide_ok(
     return cuda_fp8_db.wide_applies(a, sfa, b, sfb, out, c)
 
 
-def _fp8_cutlass_config(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None) -> int | None:
-    """The CUTLASS config this call runs, or None (Triton / reference): CUDA, chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE:
-    "cutlass" always, "auto" per shape by `cutlass_fp8.auto_config`), built, and the operands fit it (bf16 out,
-    bf16 or no C, k % 128, n % 8)."""
-    if not a.is_cuda:
-        return None
-    choice = fp8_dense_impl(a.device)
-    if choice == "triton":
+def _fp8_cutlass_config(
+    choice: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
+) -> int | None:
+    """The CUTLASS config this call runs, or None (Triton / reference): CUDA (choice = `fp8_dense_impl`, None off
+    CUDA), chosen (DEEPINFER_DEEP_GEMM_FP8_DENSE: "cutlass" always, "auto" per shape by `cutlass_fp8.auto_config`),
+    built, and the operands fit it (bf16 out, bf16 or no C, k % 128, n % 8)."""
+    if choice is None or choice == "triton":
         return None
     from .backends.cuda import cutlass_fp8
 

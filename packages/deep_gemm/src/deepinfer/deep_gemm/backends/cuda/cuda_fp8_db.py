@@ -94,13 +94,12 @@ def variant_name(stages: int, stagger: bool, tma: int = 0) -> str:
     """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, 1 or True) -> 'fp8_db_t5' (TMA
     producer); (4, False, WIDE) -> 'fp8_wide_t4' (128 x 256 tiles); (4, False, WIDE_TS) -> 'fp8_wide_t4s' (TMA-fed
     scales)."""
+    suffix = "_stagger" if stagger else ""
     if int(tma) == WIDE_TS:
-        return f"fp8_wide_t{stages}s" + ("_stagger" if stagger else "")
+        return f"fp8_wide_t{stages}s{suffix}"
     if int(tma) == WIDE:
-        return f"fp8_wide_t{stages}" + ("_stagger" if stagger else "")
-    if tma:
-        return f"fp8_db_t{stages}" + ("_stagger" if stagger else "")
-    return f"fp8_db_s{stages}" + ("_stagger" if stagger else "")
+        return f"fp8_wide_t{stages}{suffix}"
+    return f"fp8_db_{'t' if tma else 's'}{stages}{suffix}"
 
 
 def _check(name: str, t: object, dtype: torch.dtype, ndim: int, contiguous: bool = True) -> torch.Tensor:
@@ -327,21 +326,14 @@ def wide_rule(m: int, n: int, k: int) -> bool:
     return k <= 2048 or (k <= 4096 and m <= 4096)
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0
-
-
-@functools.cache
-def _is_sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) == (9, 0)
-
-
 def wide_applies(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None
 ) -> bool:
     """True when fp8_wide_t4 can run this already-validated `fp8_gemm_nt` call as it is (no copies, no host sync):
     CUDA sm_90 with the kernel in `_C`, FP8 weights, float32 scales in the API's layouts, no C, contiguous bf16 out,
     n % 256 == 0, k % 128 == 0, 16-byte aligned a / b / out."""
+    from .cutlass_fp8 import _aligned, _is_sm90  # the CUTLASS path's device checks (shared, not repeated)
+
     if c is not None or not (a.is_cuda and b.dtype == FP8 and out.dtype == torch.bfloat16 and out.is_contiguous()):
         return False
     if sfa.dtype != torch.float32 or sfb.dtype != torch.float32 or not (sfa.is_contiguous() and sfb.is_contiguous()):
