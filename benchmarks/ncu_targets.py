@@ -12,6 +12,8 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   fp8_db      deep_gemm fp8_db (double-buffered promotion, cp.async producer), same shape as w4a8_rs
   fp8_db_t4   deep_gemm fp8_db with the TMA producer, 4 stages (session 10: is it L2-bound?), same shape
   fp8_wide_t4 deep_gemm fp8_wide (128 x 256 tiles, one temporary; session 12), 4 stages, same shape
+  w4a8_wide   deep_gemm W4A8 wide kernel (session 13: prepared FP4 chunks converted by the producer warpgroup, fp8_wide's
+              consumers), same shape
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
   fm_hca1     flash_mla public sparse_attn_decode, BF16 cache, b 1 x s_q 1, HCA at 1M context (128 window + 8,192
               compressed rows): the split kernel and its merge (the 3 TB/s goal's case)
@@ -57,6 +59,19 @@ def _fp8_db(tma: bool = False, stages: int = 5, wide: bool = False) -> Callable[
     return lambda: db.m_grouped_fp8_gemm_nt_offsets_db(op["a"], op["sfa"], b, sfb, op["offs"], out, **kw)
 
 
+def _w4a8_wide() -> Callable[[], object]:
+    import bench_dg_w4a8_ws as ws
+
+    from deepinfer.deep_gemm.backends.cuda import cuda_w4a8_wide as ww
+    from deepinfer.deep_gemm.backends.cuda import w4a8_wide_pack as wp
+
+    g, tpe, n, k = 64, 1024, 4096, 4096
+    op = ws._operands(tpe, n, k, g, "cuda")
+    w = wp.prepare_w4a8_wide(op["packed"], op["scales"])
+    out = torch.empty(op["m"], n, device="cuda", dtype=torch.bfloat16)
+    return lambda: ww.m_grouped_fp8_fp4_gemm_nt_offsets_wide(op["a"], op["sfa"], w, op["offs"], out)
+
+
 def _hca1() -> Callable[[], object]:
     from bench_flash_mla import decode_indices
 
@@ -100,6 +115,7 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fp8_db": _fp8_db,
     "fp8_db_t4": lambda: _fp8_db(tma=True, stages=4),
     "fp8_wide_t4": lambda: _fp8_db(tma=True, stages=4, wide=True),
+    "w4a8_wide": _w4a8_wide,
     "fm_fp8": lambda: _attn("fp8", "ws3p1", False),
     "fm_fp8v": lambda: _attn("fp8", "ws3p1v", False),
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),

@@ -9,10 +9,7 @@ Grouped: 256 experts x 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate
 the API's `m_grouped_fp8_gemm_nt_contiguous` (CUTLASS grouped) and fp8_db on the same operands (offs form). Every
 fp8_db / fp8_wide row records calc_diff vs the API's output of the same case, x_s5 (vs fp8_db_s5), x_t4 (vs
 fp8_db_t4) and bits_eq_s5 (the TMA and wide rows must be True); the wide rows also bits_eq_t4 (must be True); x_api /
-x_cublas come from the same run. `fp8_wide_t4s` (wide=True, tma_scales=True: TMA-fed A scales from an M-major copy of
-sfa made per call, B scales read by the consumers; prepared in session 12, NOT YET MEASURED on a GPU) also records
-x_w4 (speed-up over fp8_wide_t4) and bits_eq_w4 (must be True). Its timing includes the per-call M-major sfa copy
-(two small torch kernels), as a caller without a pre-laid-out sfa would pay it.
+x_cublas come from the same run.
 
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --out RESULT.json   # H200, < 90 s
     python packages/deep_gemm/benchmarks/bench_dg_fp8_db.py --smoke             # CPU, tiny (validation + API)
@@ -48,7 +45,6 @@ GROUPED = {"gate_up": (4096, 4096), "down": (4096, 2048)}
 TPES = (256, 1024)
 EXPERTS = 256
 API, CUBLAS, S5, T4 = "api", "torch_scaled_mm_rowwise", "fp8_db_s5", "fp8_db_t4"
-W4, W4S = "fp8_wide_t4", "fp8_wide_t4s"  # the wide kernel and its TMA-fed-scale form (compared bit for bit)
 API_CUTLASS = "api_cutlass"  # the API with DEEPINFER_DEEP_GEMM_FP8_DENSE=cutlass (its pre-session-12 dense kernel)
 BUDGET_S = 80.0
 
@@ -74,17 +70,16 @@ def _fp8(shape: tuple[int, ...], dev: str) -> torch.Tensor:
 
 def _db_impls(a, sfa, b, sfb, offs, out_shape, dev) -> dict:  # noqa: ANN001
     """{name: (callable, out)} of the fp8_db variants `_C` was built with (grouped form): cp.async first, then TMA,
-    then the 128 x 256 tiles (only where n % 256 == 0), then those with TMA-fed scales."""
+    then the 128 x 256 tiles (only where n % 256 == 0)."""
     impls = {}
     for stages, stagger, tma in sorted(db.compiled_variants(), key=lambda v: (v[2], -v[0], v[1])):
-        wide = tma in (db.WIDE, db.WIDE_TS)
-        if wide and out_shape[1] % 256 != 0:
+        if tma == db.WIDE and out_shape[1] % 256 != 0:
             continue
         out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
 
-        def run(s: int = stages, t: int = stagger, m: int = tma, w: bool = wide, out: torch.Tensor = out) -> object:
+        def run(s: int = stages, t: int = stagger, m: int = tma, out: torch.Tensor = out) -> object:
             return db.m_grouped_fp8_gemm_nt_offsets_db(
-                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m), wide=w, tma_scales=m == db.WIDE_TS
+                a, sfa, b, sfb, offs, out, stages=s, stagger=bool(t), tma=bool(m), wide=m == db.WIDE
             )
 
         impls[db.variant_name(stages, bool(stagger), tma)] = (run, out)
@@ -98,8 +93,7 @@ def _bits_eq(impls: dict, name: str, ref: str) -> bool:
 def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
     """Time every impl; records with TFLOPS, x_api, x_cublas and (fp8_db / fp8_wide rows) calc_diff vs the API's
     output, x_s5 / x_t4 (speed-up over fp8_db_s5, the cp.async producer / fp8_db_t4, the TMA producer), bits_eq_s5
-    (output bit-equal to fp8_db_s5's) and, wide rows, bits_eq_t4; fp8_wide_t4s also x_w4 / bits_eq_w4 (vs
-    fp8_wide_t4)."""
+    (output bit-equal to fp8_db_s5's) and, wide rows, bits_eq_t4."""
     recs, times = [], {}
     for name, (fn, _) in impls.items():
         rec = {**case, "impl": name}
@@ -121,9 +115,6 @@ def _time(case: dict, impls: dict, flops: float, rep: int) -> list[dict]:
             rec["bits_eq_s5"] = _bits_eq(impls, name, S5)
         if name.startswith("fp8_wide") and T4 in times:
             rec["bits_eq_t4"] = _bits_eq(impls, name, T4)
-        if name == W4S and W4 in times:
-            rec["x_w4"] = times[W4] / times[name]
-            rec["bits_eq_w4"] = _bits_eq(impls, name, W4)
     return recs
 
 
@@ -162,25 +153,24 @@ def _line(r: dict) -> str:
     shape = f"m={r.get('m')} n={r.get('n')} k={r.get('k')}" + (f" tpe={r['tpe']}" if "tpe" in r else "")
     if "error" in r:
         return f"{r.get('op')} {shape} {r['impl']}: ERROR {r['error']}"
-    keys = ("x_api", "x_api_cutlass", "x_cublas", "x_s5", "x_t4", "x_w4")
-    xs = " ".join(f"{key}={r[key]:.2f}" for key in keys if key in r)
+    xs = " ".join(f"{key}={r[key]:.2f}" for key in ("x_api", "x_api_cutlass", "x_cublas", "x_s5", "x_t4") if key in r)
     diff = f" diff_vs_api={r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
-    diff += "".join(f" {key}={r[key]}" for key in ("bits_eq_s5", "bits_eq_t4", "bits_eq_w4") if key in r)
+    diff += "".join(f" {key}={r[key]}" for key in ("bits_eq_s5", "bits_eq_t4") if key in r)
     return f"{r['op']} {shape} {r['impl']}: {r['median_us']:.1f} us {r['tflops']:.0f} TFLOPS {xs}{diff}"
 
 
 def table(path: str) -> str:
     recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | x s5 | x t4 | x wide_t4 "
-            "| calc_diff vs API | bits = t4 | bits = wide_t4 |", "|---" * 17 + "|"]  # fmt: skip
+    rows = ["| op | m | n | k | tpe | impl | us | TFLOPS | % FP8 ceiling | x API | x cuBLAS | x s5 | x t4 "
+            "| calc_diff vs API | bits = t4 |", "|---" * 15 + "|"]  # fmt: skip
     for r in recs:
         head = f"| {r.get('op', '')} | {r.get('m', '')} | {r.get('n', '')} | {r.get('k', '')} | {r.get('tpe', '')}"
         if "error" in r:
-            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | | | | | | |")
+            rows.append(f"{head} | {r['impl']} | error: {r['error'][:60]} | | | | | | | | |")
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas", "x_s5", "x_t4", "x_w4"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_api", "x_cublas", "x_s5", "x_t4"))
         diff = f"{r['diff_vs_api']:.1e}" if "diff_vs_api" in r else ""
-        eq = " | ".join(str(r[key]) if key in r else "" for key in ("bits_eq_t4", "bits_eq_w4"))
+        eq = str(r["bits_eq_t4"]) if "bits_eq_t4" in r else ""
         rows.append(f"{head} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f} | {r['pct_fp8_ceiling']:.0f} | "
                     f"{xs} | {diff} | {eq} |")  # fmt: skip
     return "\n".join(rows)

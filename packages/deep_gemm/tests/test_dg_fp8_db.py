@@ -11,11 +11,6 @@ The TMA-producer variants (tma=1, `fp8_db_t5` / `fp8_db_t4`) run every oracle ca
 The 128 x 256 tile variants (wide=True, tma mode 2, `fp8_wide_t4` / `fp8_wide_t3`; these tests passed on the H200 in
 session 12) must be BIT-equal to `fp8_db_t4` (same four wgmmas per element and k block, same promotion order)
 on every n % 256 == 0 oracle case, and within the float64-oracle bound; CPU: their n % 256 validation and ptxas check.
-`fp8_wide_t4s` (wide=True, tma_scales=True, tma mode 3: TMA-fed A scales from an M-major copy of sfa, B scales read
-by the consumers; prepared in session 12, NOT YET RUN ON A GPU when these tests were written) must be BIT-equal to
-`fp8_wide_t4` on every wide case, in the dense form, in a CUDA-graph replay, and with an sfa that needs the wrapper's
-M-major copy (odd m) as well as one already in that layout (no copy); CPU: `tma_aligned_sfa`'s layout, its no-copy
-path, the tma_scales argument checks and the ptxas check of its instance.
 The kernel's mbarrier waits trap after 2^30 polls (watchdog): a protocol bug fails a test instead of hanging. Run this
 file in its own pytest process on the GPU.
 """
@@ -36,9 +31,8 @@ from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
 
 FP8 = torch.float8_e4m3fn
 DIFF_LIMIT = 1e-5
-NARROW = tuple(v for v in db.VARIANTS if v[2] not in (db.WIDE, db.WIDE_TS))  # 128 x 128 tiles
+NARROW = tuple(v for v in db.VARIANTS if v[2] != db.WIDE)  # 128 x 128 tiles
 WIDE = tuple(v for v in db.VARIANTS if v[2] == db.WIDE)  # 128 x 256 tiles
-WIDE_TS = tuple(v for v in db.VARIANTS if v[2] == db.WIDE_TS)  # 128 x 256 tiles, TMA-fed scales (fp8_wide_t4s)
 
 
 def _ops(counts: list[int], n: int, k: int, seed: int, dev: str = "cpu", extra: int = 3) -> tuple:
@@ -128,61 +122,7 @@ def test_dense_env_accepts_wide(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_variant_names() -> None:
     assert db.variant_name(5, False, True) == "fp8_db_t5"
     assert [db.variant_name(s, bool(t), w) for s, t, w in WIDE] == ["fp8_wide_t4", "fp8_wide_t3"]
-    assert [db.variant_name(s, bool(t), w) for s, t, w in WIDE_TS] == ["fp8_wide_t4s"]
     assert db.DEFAULT_WIDE_STAGES in [v[0] for v in WIDE]
-    assert db.DEFAULT_WIDE_STAGES in [v[0] for v in WIDE_TS]  # tma_scales=True with stages None is built
-
-
-def test_tma_scales_validation() -> None:
-    """tma_scales needs wide=True (the error names tma_scales) and keeps wide's n % 256 check."""
-    args = _good(n=256)
-    with pytest.raises(ValueError, match=re.escape("tma_scales: expected wide=True")):
-        db.m_grouped_fp8_gemm_nt_offsets_db(**args, tma_scales=True)
-    with pytest.raises(ValueError, match=re.escape("tma_scales: expected wide=True")):
-        db.fp8_gemm_nt_db(args["a"], args["sfa"], args["b"][0], args["sfb"][0], args["out"], tma=True, tma_scales=True)
-    bad = _good(n=128)
-    with pytest.raises(ValueError, match=re.escape("b: expected n % 256 == 0 with wide=True")):
-        db.m_grouped_fp8_gemm_nt_offsets_db(**bad, wide=True, tma_scales=True)
-
-
-@pytest.mark.parametrize(("m", "ks"), [(1, 1), (5, 3), (8, 2), (7, 1), (130, 4)])
-def test_tma_aligned_sfa_layout(m: int, ks: int) -> None:
-    """tma_aligned_sfa: the same values, strides (1, m_pad) over a [ks, m_pad] buffer (m_pad = m rounded up to 4),
-    16-byte aligned, zero padding; given its own output it returns it as is (no copy)."""
-    sfa = torch.rand(m, ks) + 0.5
-    got = db.tma_aligned_sfa(sfa)
-    m_pad = (m + 3) // 4 * 4
-    assert torch.equal(got, sfa) and got.data_ptr() % 16 == 0
-    assert got.stride() == (1, m_pad) and got.untyped_storage().nbytes() == 4 * ks * m_pad
-    buf = torch.as_strided(got, (ks, m_pad), (m_pad, 1))  # the whole M-major buffer
-    assert (buf[:, m:] == 0).all(), "padding rows must be zero"
-    assert db.tma_aligned_sfa(got) is got
-
-
-def test_tma_aligned_sfa_no_copy_when_aligned() -> None:
-    """Already M-major and TMA-aligned: returned as is. A contiguous [m, 1] (k = 128) with m % 4 == 0 is that layout
-    already; with odd m (its storage ends before m_pad) or k > 128 (K-major) it is copied."""
-    col = torch.rand(8, 1)
-    assert db.tma_aligned_sfa(col) is col
-    odd = torch.rand(7, 1)
-    assert db.tma_aligned_sfa(odd).data_ptr() != odd.data_ptr()
-    kmajor = torch.rand(8, 3)
-    assert db.tma_aligned_sfa(kmajor).stride() == (1, 8)
-    view = torch.rand(3, 12)[:, :10].t()  # [10, 3] with strides (1, 12) = (1, m_pad): aligned
-    assert db.tma_aligned_sfa(view) is view
-    wrong = torch.rand(3, 16)[:, :10].t()  # row stride 16 != m_pad 12: copied
-    assert db.tma_aligned_sfa(wrong).stride() == (1, 12)
-
-
-def test_tma_scales_accepts_strided_sfa() -> None:
-    """With tma_scales=True sfa may have any strides (the wrapper lays it out); valid operands stop at the launch."""
-    args = _good(n=256)
-    args["sfa"] = torch.ones(args["sfa"].shape[1], args["sfa"].shape[0]).t()  # M-major, not contiguous
-    exc = ValueError if db.available() else RuntimeError
-    with pytest.raises(exc, match="CUDA tensor|not built"):
-        db.m_grouped_fp8_gemm_nt_offsets_db(**args, wide=True, tma_scales=True)
-    with pytest.raises(ValueError, match=re.escape("sfa: expected a contiguous")):
-        db.m_grouped_fp8_gemm_nt_offsets_db(**args, wide=True)  # the other kernels read sfa row-major
 
 
 def test_dense_validation() -> None:
@@ -197,12 +137,12 @@ def test_dense_validation() -> None:
 
 
 def test_variants_in_sync_with_the_source() -> None:
-    """VARIANTS (Python) lists the (stages, stagger, tma) triples fp8_db_variants() returns in dg_fp8_db.cu."""
+    """VARIANTS + W4A8_VARIANT (Python) list the (stages, stagger, tma) triples fp8_db_variants() returns (.cu)."""
     src = (_CSRC / "dg_fp8_db.cu").read_text()
     body = re.search(r"fp8_db_variants\(\) \{\s*return \{(.*?)\};\s*\}", src, re.S)
     assert body is not None
     triples = tuple(tuple(int(x) for x in t) for t in re.findall(r"\{(\d+), (\d+), (\d+)\}", body.group(1) + "}"))
-    assert triples == db.VARIANTS
+    assert triples == (*db.VARIANTS, db.W4A8_VARIANT)
 
 
 def test_valid_operands_reach_the_launch() -> None:
@@ -224,7 +164,7 @@ def test_fp8_db_sm90_compile() -> None:
     """nvcc 13 builds dg_fp8_db.cu for sm_90a: no spills / stack, no wgmma serialisation (C7508, C7510 .. C7520:
     the two temporaries must stay in flight), <= 168 registers at launch (65536 / 384; setmaxnreg moves the rest).
     Every kernel is checked on its own lines, the wide ones (fp8_wide_kernel: acc[128] + one temporary at setmaxnreg
-    232, producer 40) included, fp8_wide_t4s's (fp8_wide_kernel<4, true>: the TMA-fed-scale instance) too."""
+    232, producer 40) included."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
@@ -235,8 +175,7 @@ def test_fp8_db_sm90_compile() -> None:
     entries = _ptxas_entries(res.stderr)
     kernels = {name: info for name, info in entries.items() if re.search(r"fp8_(?:db_(?:tma_)?|wide_)kernel", name)}
     assert len(kernels) == len(db.VARIANTS), res.stderr[-2000:]
-    assert sum("fp8_wide_kernel" in name for name in kernels) == len(WIDE) + len(WIDE_TS), list(kernels)
-    assert sum(re.search(r"fp8_wide_kernelILi\dELb1E", name) is not None for name in kernels) == len(WIDE_TS)
+    assert sum("fp8_wide_kernel" in name for name in kernels) == len(WIDE), list(kernels)
     for name, info in kernels.items():
         regs = int(re.search(r"Used (\d+) registers", info).group(1))
         frame = int(re.search(r"(\d+) bytes stack frame", info).group(1))
@@ -359,7 +298,8 @@ def test_gpu_tma_bit_equal(stages: int, counts: list[int], n: int, k: int, extra
 @needs_kernel
 def test_gpu_built_variants() -> None:
     """The `_C` under test was built from this source (a stale build lacks the TMA variants)."""
-    assert db.compiled_variants() == db.VARIANTS, f"rebuild _C: built {db.compiled_variants()}, source {db.VARIANTS}"
+    want = (*db.VARIANTS, db.W4A8_VARIANT)
+    assert db.compiled_variants() == want, f"rebuild _C: built {db.compiled_variants()}, source {want}"
 
 
 def _assert_dense_replay(ops: tuple, want: torch.Tensor, kw: dict, what: str) -> None:
@@ -542,69 +482,3 @@ def test_wide_launcher_checks() -> None:
         mod.fp8_db_grouped(4, 0, db.WIDE, 0, 0, 0, 0, 0, 0, 4, 384, 128, 1, 0, 0)
     assert 0 < mod.fp8_db_smem_bytes(4, db.MAX_GROUPS, db.WIDE) <= 227 * 1024
     assert mod.fp8_db_smem_bytes(5, 1, db.WIDE) == -1
-
-
-# ---------------------------------------------------------------- GPU: fp8_wide_t4s (wide, TMA-fed scales)
-
-
-def _wide_run(ops: tuple, stages: int, ctas: int, tma_scales: bool = False) -> torch.Tensor:
-    """The grouped wide kernel (tma_scales: fp8_wide_t{stages}s) into a NaN-filled out."""
-    a, sfa, b, sfb, offs = ops
-    out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)
-    db.m_grouped_fp8_gemm_nt_offsets_db(
-        a, sfa, b, sfb, offs, out, stages=stages, ctas=ctas, wide=True, tma_scales=tma_scales
-    )  # fmt: skip
-    torch.cuda.synchronize()
-    return out
-
-
-@pytest.mark.gpu
-@needs_kernel
-@pytest.mark.parametrize(("stages", "stagger", "tma"), WIDE_TS, ids=lambda v: str(v))
-@pytest.mark.parametrize(("counts", "n", "k", "extra", "ctas"), WIDE_CASES)
-def test_gpu_wide_ts_bit_equal_wide(
-    stages: int, stagger: int, tma: int, counts: list[int], n: int, k: int, extra: int, ctas: int
-) -> None:
-    """fp8_wide_t{stages}s == fp8_wide_t4 bit for bit (same wgmmas, same fp32 scale products: only the scale feed
-    differs), within the float64-oracle bound, rows past offs[-1] untouched. Rows past a group end read the next
-    group's A scales here (zeros in fp8_wide_t4): never stored. m % 4 == 0 with k = 128 ([200, 17] + 3) takes the
-    no-copy path of tma_aligned_sfa, the others its M-major copy."""
-    ops = _ops(counts, n, k, 307 + sum(counts) + n + k + stages, "cuda", extra=extra)
-    what = f"wide_ts stages={stages} counts={counts} n={n} k={k} extra={extra} ctas={ctas}"
-    got = _wide_run(ops, stages, ctas, tma_scales=True)
-    _assert_bits(got, _wide_run(ops, 4, ctas), what)
-    _assert_close(got, _oracle(*ops[:4], counts), what)
-    assert got[sum(counts) :].isnan().all(), f"{what}: rows past offs[-1] were written"
-
-
-@pytest.mark.gpu
-@needs_kernel
-@pytest.mark.parametrize("m", [333, 512])
-def test_gpu_wide_ts_dense_graph_and_sfa_layouts(m: int) -> None:
-    """Dense entry point with tma_scales=True (default stages) == fp8_wide_t4, with sfa as given (row-major: the
-    wrapper's M-major copy runs; m = 333 is odd, so the copy also pads to m_pad = 336), with sfa already M-major and
-    TMA-aligned (tma_aligned_sfa's view: no copy), and in a CUDA-graph replay (the copy captured in the graph)."""
-    n, k = 512, 1536
-    a, sfa, b, sfb, _ = _ops([m], n, k, 79 + m, "cuda", extra=0)
-    want = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], want, wide=True)
-    out = torch.full_like(want, float("nan"))
-    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, wide=True, tma_scales=True)
-    torch.cuda.synchronize()
-    _assert_bits(out, want, f"dense wide_ts m={m}, sfa copied")
-    sfa_t = db.tma_aligned_sfa(sfa)
-    assert db.tma_aligned_sfa(sfa_t) is sfa_t and sfa_t.stride() == (1, (m + 3) // 4 * 4)
-    out.fill_(float("nan"))
-    db.fp8_gemm_nt_db(a, sfa_t, b[0], sfb[0], out, wide=True, tma_scales=True)
-    torch.cuda.synchronize()
-    _assert_bits(out, want, f"dense wide_ts m={m}, sfa M-major as given")
-    _assert_dense_replay((a, sfa, b[0], sfb[0]), want, {"wide": True, "tma_scales": True}, "graph replay wide_ts")
-
-
-@pytest.mark.skipif(not set(WIDE_TS) <= set(db.compiled_variants()), reason="_C built without fp8_wide_t4s")
-def test_wide_ts_launcher_checks() -> None:
-    """The C++ launcher rejects n % 256 != 0 for tma mode 3 before any CUDA call; its ring is fp8_wide's."""
-    mod = db._module()
-    with pytest.raises(ValueError, match=re.escape("n % 256 == 0")):
-        mod.fp8_db_grouped(4, 0, db.WIDE_TS, 0, 0, 0, 0, 0, 0, 4, 384, 128, 1, 0, 0)
-    assert mod.fp8_db_smem_bytes(4, db.MAX_GROUPS, db.WIDE_TS) == mod.fp8_db_smem_bytes(4, db.MAX_GROUPS, db.WIDE)

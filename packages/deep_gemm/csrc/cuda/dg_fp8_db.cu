@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "dg_fp8_tma.cuh"  // (includes dg_fp8_db.cuh)
+#include "dg_w4a8_wide.cuh"
 #include "dg_launch.h"
 
 namespace dg_fp8db {
@@ -16,10 +17,10 @@ constexpr int kStaggerNs = 1000;  // ~2 k blocks of one CTA at full rate (stagge
 
 // Opt in to the largest shared memory any g <= kMaxGroups needs, once per device and kernel (a launch under CUDA-graph
 // capture then only launches); returns the SM count.
-template <int NS, int STAGGER, bool TMA = false, bool WIDE = false, bool TS = false>
+template <int NS, int STAGGER, bool TMA = false, bool WIDE = false>
 cudaError_t opt_in(int* sms) {
   if constexpr (WIDE) {
-    return dg_launch::opt_in_smem_once<fp8_wide_kernel<NS, TS>>(WideLayout<NS>::bytes(kMaxGroups), sms);
+    return dg_launch::opt_in_smem_once<fp8_wide_kernel<NS>>(WideLayout<NS>::bytes(kMaxGroups), sms);
   } else if constexpr (TMA) {
     return dg_launch::opt_in_smem_once<fp8_db_tma_kernel<NS>>(DbLayout<NS>::bytes(kMaxGroups), sms);
   } else {
@@ -73,44 +74,25 @@ int encode_kmajor(CUtensorMap* map, const void* base, int rows, int k, int box_r
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
-// map <- fp8_wide_t4s's M-major A scales sfa_t fp32 [ks, m_pad] (row stride m_pad * 4 bytes: m_pad % 4 == 0, the
-// 16-byte multiple TMA requires), box [1 k block, 128 rows] (512 bytes: one stage's scale slot), no swizzle (the
-// consumers index the slot by row), rows >= m_pad zero-filled. Returns a CUresult (0: success; -1: no entry point).
-int encode_scales_mmajor(CUtensorMap* map, const float* base, int m_pad, int ks) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-  if (fn == nullptr) return -1;
-  const cuuint64_t dims[2] = {(cuuint64_t)m_pad, (cuuint64_t)ks};
-  const cuuint64_t strides[1] = {(cuuint64_t)m_pad * sizeof(float)};
-  const cuuint32_t box[2] = {(cuuint32_t)kBM, 1}, elem[2] = {1, 1};
-  return static_cast<int>(fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box,
-                             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-}
-
-// The tensor maps of a TMA-producer launch: A [m, k], B [g * n, k] (box rows: 256 for WIDE) and, TS, the M-major A
-// scales at p.sfa (fp32 [k / 128, m_pad], m_pad = m rounded up to 4). Returns the failing map's name, or nullptr.
-template <bool WIDE, bool TS, class Maps>
-const char* encode_maps(Maps* maps, const DbParams& p, int* res) {
+// The tensor maps of a TMA-producer launch: A [m, k] and B [g * n, k] (box rows: 256 for WIDE). Returns the failing
+// map's name, or nullptr.
+template <bool WIDE>
+const char* encode_maps(DbMaps* maps, const DbParams& p, int* res) {
   *res = encode_kmajor(&maps->a, p.a, p.m, p.k);
   if (*res != 0) return "A";
   *res = encode_kmajor(&maps->b, p.b, p.g * p.n, p.k, WIDE ? 2 * kBN : kBN);
   if (*res != 0) return "B";
-  if constexpr (TS) {
-    *res = encode_scales_mmajor(&maps->sfa, p.sfa, (p.m + 3) / 4 * 4, p.k / kBK);
-    if (*res != 0) return "sfa (M-major)";
-  }
   return nullptr;
 }
 
 // The TMA-producer kernels: tensor maps built per call (host only, ~us; passed by value, so a CUDA-graph capture
-// keeps them). WIDE: fp8_wide_kernel (B box 256 rows; TS: TMA-fed A scales, "fp8_wide_t4s"), else fp8_db_tma_kernel.
-template <int NS, bool WIDE = false, bool TS = false>
+// keeps them). WIDE: fp8_wide_kernel (B box 256 rows), else fp8_db_tma_kernel.
+template <int NS, bool WIDE = false>
 int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
-  static_assert(WIDE || !TS, "TMA-fed scales: the wide kernel only");
-  const char* kind = TS ? "fp8_wide_t4s" : WIDE ? "fp8_wide" : "fp8_db tma";
-  std::conditional_t<WIDE, WideMaps<TS>, DbMaps> maps;
+  const char* kind = WIDE ? "fp8_wide" : "fp8_db tma";
+  DbMaps maps;
   int res = 0;
-  const char* which = encode_maps<WIDE, TS>(&maps, p, &res);
+  const char* which = encode_maps<WIDE>(&maps, p, &res);
   if (res != 0) {
     if (msg != nullptr) {
       char buf[200];
@@ -122,11 +104,11 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
   }
   int sms = 0;
   const int smem = WIDE ? WideLayout<NS>::bytes(p.g) : DbLayout<NS>::bytes(p.g);
-  cudaError_t err = opt_in<NS, 0, true, WIDE, TS>(&sms);
+  cudaError_t err = opt_in<NS, 0, true, WIDE>(&sms);
   if (err == cudaSuccess) {
     if (ctas <= 0) ctas = sms;
     if constexpr (WIDE) {
-      fp8_wide_kernel<NS, TS><<<ctas, kThreads, smem, stream>>>(p, maps);
+      fp8_wide_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
     } else {
       fp8_db_tma_kernel<NS><<<ctas, kThreads, smem, stream>>>(p, maps);
     }
@@ -141,14 +123,37 @@ int launch_tma(const DbParams& p, int ctas, cudaStream_t stream, std::string* ms
   return static_cast<int>(err);
 }
 
+// The W4A8 wide kernel (tma mode 4, dg_w4a8_wide.cuh): only the A map (p.b = the prepared chunks, read by bulk
+// copies); fixed shared memory (the raw slots sit past the largest prefix).
+int launch_w4(const DbParams& p, int ctas, cudaStream_t stream, std::string* msg) {
+  CUtensorMap map_a;
+  const int res = encode_kmajor(&map_a, p.a, p.m, p.k);
+  cudaError_t err = res == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  int sms = 0;
+  if (err == cudaSuccess) err = dg_launch::opt_in_smem_once<w4a8_wide_kernel>(W4Layout::kBytes, &sms);
+  if (err == cudaSuccess) {
+    if (ctas <= 0) ctas = sms;
+    w4a8_wide_kernel<<<ctas, kThreads, W4Layout::kBytes, stream>>>(p, map_a);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess && msg != nullptr) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "w4a8_wide ctas=%d: %s (tensor map of A: %d)", ctas, cudaGetErrorString(err),
+                  res);
+    *msg = buf;
+  }
+  return static_cast<int>(err);
+}
+
 }  // namespace
 
 std::vector<std::tuple<int, int, int>> fp8_db_variants() {
-  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {3, 0, 2}, {4, 0, 3}};
+  return {{4, 0, 0}, {5, 0, 0}, {5, 1, 0}, {4, 0, 1}, {5, 0, 1}, {4, 0, 2}, {3, 0, 2}, {3, 0, 4}};
 }
 
 int fp8_db_smem_bytes(int stages, int g, int tma) {
-  if (tma == 2 || tma == 3) {  // 3: fp8_wide_t4s, the same ring (its B-scale slots unused)
+  if (tma == 4) return stages == kW4Stages ? W4Layout::kBytes : -1;  // the W4A8 wide kernel: fixed
+  if (tma == 2) {
     if (stages == 4) return WideLayout<4>::bytes(g);
     if (stages == 3) return WideLayout<3>::bytes(g);
     return -1;
@@ -170,9 +175,10 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     *msg = buf;
     return -2;
   }
-  if ((tma == 2 || tma == 3) && n % (2 * kBN) != 0) {
+  if ((tma == 2 || tma == 4) && n % (2 * kBN) != 0) {
     char buf[200];
-    std::snprintf(buf, sizeof(buf), "fp8_wide (tma=%d, 128 x 256 tiles): expected n %% 256 == 0, got n=%d", tma, n);
+    std::snprintf(buf, sizeof(buf), "%s (tma=%d, 128 x 256 tiles): expected n %% 256 == 0, got n=%d",
+                  tma == 4 ? "w4a8_wide" : "fp8_wide", tma, n);
     *msg = buf;
     return -2;
   }
@@ -186,7 +192,7 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     if (stages == 5 && stagger == 0 && tma == 1) return launch_tma<5>(p, ctas, s, msg);
     if (stages == 4 && stagger == 0 && tma == 2) return launch_tma<4, true>(p, ctas, s, msg);
     if (stages == 3 && stagger == 0 && tma == 2) return launch_tma<3, true>(p, ctas, s, msg);
-    if (stages == 4 && stagger == 0 && tma == 3) return launch_tma<4, true, true>(p, ctas, s, msg);
+    if (stages == kW4Stages && stagger == 0 && tma == 4) return launch_w4(p, ctas, s, msg);
     return -1;
   }
   if (stages == 4 && stagger == 0) return launch<4>(p, ctas, s, msg);

@@ -10,17 +10,18 @@ namespace dg_fp8db {
 
 // (stages, stagger, tma) triples compiled: ring depth; 1 = consumer warpgroup 1 starts ~1 us late; tma 1 = the TMA
 // producer (fp8_db_tma_kernel) instead of cp.async, tma 2 = the 128 x 256 tile kernel with the TMA producer
-// (fp8_wide_kernel, n % 256 == 0), tma 3 = that kernel with TMA-fed scales ("fp8_wide_t4s", dg_fp8_tma.cuh).
+// (fp8_wide_kernel, n % 256 == 0) (dg_fp8_tma.cuh), tma 4 = the W4A8 wide kernel (dg_w4a8_wide.cuh; b = prepared
+// FP4 chunks; stages 3 only).
 std::vector<std::tuple<int, int, int>> fp8_db_variants();
 
-// Dynamic shared memory of the kernel with `stages` ring stages and g groups; tma 2, 3: fp8_wide_kernel's (-1: not
+// Dynamic shared memory of the kernel with `stages` ring stages and g groups; tma 2: fp8_wide_kernel's, tma 4:
+// w4a8_wide_kernel's (fixed) (-1: not
 // compiled).
 int fp8_db_smem_bytes(int stages, int g, int tma = 0);
 
 // out = the grouped GEMM (dg_fp8_db.cuh / dg_fp8_tma.cuh) on raw device pointers; ctas <= 0: one CTA per SM. Returns 0 on success,
-// -1 when (stages, stagger, tma) is not compiled, -2 for bad sizes (tma 2, 3: also n % 256 != 0), else a cudaError_t
-// code; *msg says more. tma 3: sfa points at the M-major A scales fp32 [k / 128, m_pad], m_pad = m rounded up to 4
-// (16-byte aligned; the Python wrapper's tma_aligned_sfa), instead of the row-major [m, k / 128].
+// -1 when (stages, stagger, tma) is not compiled, -2 for bad sizes (tma 2, 4: also n % 256 != 0), else a cudaError_t
+// code; *msg says more.
 int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintptr_t sfa, std::uintptr_t b,
                   std::uintptr_t sfb, std::uintptr_t offs, std::uintptr_t out, int m, int n, int k, int g, int ctas,
                   std::uintptr_t stream, std::string* msg);

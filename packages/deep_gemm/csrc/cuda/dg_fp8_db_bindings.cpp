@@ -39,12 +39,12 @@ void dg_register_fp8_db(pybind11::module_& m) {
   m.def("fp8_db_variants", &dg_fp8db::fp8_db_variants,
         "(stages, stagger, tma) triples the FP8 double-buffered-promotion GEMM was built with.");
   m.def("fp8_db_smem_bytes", &dg_fp8db::fp8_db_smem_bytes, py::arg("stages"), py::arg("g"), py::arg("tma") = 0,
-        "Dynamic shared memory of the fp8_db kernel with `stages` ring stages and g groups; tma=2, 3: the 128 x 256 "
+        "Dynamic shared memory of the fp8_db kernel with `stages` ring stages and g groups; tma=2: the 128 x 256 "
         "tile kernel's (-1: not compiled).");
   m.def("fp8_db_grouped", &fp8_db_grouped, py::arg("stages"), py::arg("stagger"), py::arg("tma"), py::arg("a"),
         py::arg("sfa"), py::arg("b"), py::arg("sfb"), py::arg("offs"), py::arg("out"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("g"), py::arg("ctas"), py::arg("stream"),
         "FP8 block-scaled M-grouped GEMM (contiguous offs layout), double-buffered promotion; tma=1: the TMA "
-        "producer; tma=2: 128 x 256 tiles with the TMA producer, n % 256 == 0; tma=3: tma=2 with TMA-fed A scales, "
-        "sfa = the M-major fp32 [k / 128, m rounded up to 4] copy (csrc/cuda/dg_fp8_tma.cuh).");
+        "producer; tma=2: 128 x 256 tiles with the TMA producer, n % 256 == 0 (csrc/cuda/dg_fp8_tma.cuh); tma=4: the "
+        "W4A8 wide kernel, b = prepared FP4 chunks, sfb = their block scales (csrc/cuda/dg_w4a8_wide.cuh).");
 }

@@ -36,22 +36,6 @@
 //     stores, a warp writing whole 32-byte sectors), rows past the group end never stored. No staging tile: 4 stages
 //     x 48 KiB + scales + barriers + the 4,097-int prefix (g = 4096) + 1 KiB alignment = 216,292 bytes of the 227 KiB,
 //     leaving 16 KiB, less than two 64 x 128 bf16 staging halves (2 x 17 KiB). 3 stages: 166,604 bytes.
-//
-// WIDE with TMA-fed scales (fp8_wide_kernel<S, true>, "fp8_wide_t4s", tma = 3; prepared in session 12, NOT YET
-// MEASURED ON A GPU: compiled and ptxas-checked only; opt-in, not routed by the API). Why: fp8_wide_t4 measures
-// ~1,100 TFLOPS dense while its consumers with an ideal producer (one bulk copy, one arrival per stage) reach ~1,430;
-// a suspect is its scale feed: per 48 KiB stage 128 producer threads each issue a 4-byte cp.async of one A scale
-// (strided rows of sfa) + a .noinc arrive, and two more copy the B scales (full[s] waits for 129 arrivals and 130
-// scattered 4-byte loads). Here (DeepGEMM's way of feeding scales):
-//   A scales by TMA from an M-major copy sfa_t fp32 [k / 128, m_pad] (m_pad = m rounded up to 4: 16-byte rows, made
-//     per call by the Python wrapper): a third tensor map, box [128 rows, 1 k block], no swizzle, zero OOB fill.
-//     Producer thread 0 alone per stage: ONE expect_tx (A + B boxes + 512 bytes) and three TMA copies, the scales
-//     into the stage's 128-byte-aligned scale slot; full[s] expects ONE arrival. The other producer threads exit.
-//     Rows >= m read zeros (padding / OOB fill); rows past the group end but < m read the next group's scales: never
-//     stored (each output row depends only on its own A row and scale), as for the A box.
-//   B scales: each consumer reads its two per-k-block B scales straight from global memory (__ldg; a warp-wide
-//     broadcast of one address, L1-cached across the tile), issued before the full wait so the latency hides.
-//   Same wgmmas, same fp32 scale products sa[row] * sb[half], same promotion order: bit-equal to fp8_wide_t4.
 #pragma once
 #include <cuda.h>  // CUtensorMap (the type only: no libcuda link)
 
@@ -118,7 +102,7 @@ struct WideLayout {
   static constexpr int kB = kBM * kBK;                 // e4m3 [256, 128], 128-byte swizzle
   static constexpr int kStage = kB + 2 * kBN * kBK;    // 48 KiB
   static constexpr int kSA = kStages * kStage;         // fp32 [S][128] A scales
-  static constexpr int kSB = kSA + kStages * kBM * 4;  // fp32 [S][2] B scales of the two n halves (unused by t4s)
+  static constexpr int kSB = kSA + kStages * kBM * 4;  // fp32 [S][2] B scales of the two n halves
   static constexpr int kBar = kSB + kStages * 8;       // uint64 full[S], empty[S]
   static constexpr int kScan = kBar + 16 * kStages;    // int [32] scan scratch
   static constexpr int kPrefix = kScan + 128;          // int [g + 1]
@@ -126,17 +110,6 @@ struct WideLayout {
 };
 static_assert(WideLayout<4>::bytes(kMaxGroups) <= 227 * 1024, "sm_90 opt-in shared memory limit (227 KiB)");
 constexpr uint32_t kWideTmaBytes = (kBM + 2 * kBN) * kBK;  // A + B boxes of one wide stage
-constexpr uint32_t kWideScaleBytes = kBM * 4;              // the 128 A scales of one wide stage (t4s: a TMA box)
-
-// fp8_wide_kernel's tensor maps: A and B as DbMaps and, with TMA-fed scales (kTmaScales, "fp8_wide_t4s"), the
-// M-major A scales sfa_t fp32 [k / 128, m_pad], box [1 k block, 128 rows], no swizzle, rows >= m_pad zero-filled
-// (built by dg_fp8_db.cu). Derived from DbMaps so the producer keeps one `const DbMaps*` for every variant.
-template <bool kTmaScales>
-struct WideMaps : DbMaps {};
-template <>
-struct WideMaps<true> : DbMaps {
-  CUtensorMap sfa;
-};
 
 // Wide stage s <- k block kb of `tile`: as db_load_tma, with the 256-row B box and threads 0, 1 copying the B scales
 // of n halves 0, 1 (rows n0 / 128 + h of sfb[grp]).
@@ -161,42 +134,18 @@ __device__ __forceinline__ void wide_load_tma(const DbParams& p, uint8_t* smem, 
   mbar_arrive_cp_async(full);
 }
 
-// fp8_wide_t4s stage s <- k block kb of `tile`, all by producer thread 0 (top comment): one expect_tx for the A and B
-// boxes and the 128 A scales, then three TMA copies completing on full[s]. The scale box is rows row0 .. row0 + 127
-// of k block kb of sfa_t (coordinates {row, k block}: the map's innermost dimension is m) into slot s, 128-byte
-// aligned (cp.async.bulk.tensor's shared-memory alignment).
-template <int kStages>
-__device__ __forceinline__ void wide_load_ts(const DbParams& p, uint8_t* smem, int s, const DbTile& tile, int kb,
-                                             const WideMaps<true>* maps) {
-  using L = WideLayout<kStages>;
-  static_assert(L::kSA % 128 == 0 && kWideScaleBytes % 128 == 0, "TMA destination: 128-byte aligned scale slots");
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar) + s;
-  uint8_t* st = smem + s * L::kStage;
-  mbar_arrive_expect_tx(full, kWideTmaBytes + kWideScaleBytes);
-  tma_load_2d(st + L::kA, &maps->a, kb * kBK, tile.row0, full);
-  tma_load_2d(st + L::kB, &maps->b, kb * kBK, tile.grp * p.n + tile.n0, full);
-  tma_load_2d(smem + L::kSA + s * kWideScaleBytes, &maps->sfa, tile.row0, kb, full);
-}
-
 // The TMA producer loop; kWide: fp8_wide_kernel's 128 x 256 tiles and stages (below), else fp8_db_tma_kernel's.
-// kTmaScales (wide only, "fp8_wide_t4s"): thread 0 alone issues every copy (wide_load_ts; `maps` is then a
-// WideMaps<true>); the other 127 producer threads return at once (nothing for them to copy).
-template <int kStages, bool kWide = false, bool kTmaScales = false>
+template <int kStages, bool kWide = false>
 __device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                                 int n_tiles, const DbMaps* maps) {
-  static_assert(kWide || !kTmaScales, "TMA-fed scales: the wide kernel only");
   using L = std::conditional_t<kWide, WideLayout<kStages>, DbLayout<kStages>>;
   constexpr int kTileN = kWide ? 2 * kBN : kBN;
   const int ptid = threadIdx.x;
-  if constexpr (kTmaScales) {
-    if (ptid != 0) return;
-  }
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* empty = full + kStages;
   if (ptid == 0) {
     tma_prefetch(&maps->a);
     tma_prefetch(&maps->b);
-    if constexpr (kTmaScales) tma_prefetch(&static_cast<const WideMaps<true>*>(maps)->sfa);
   }
   const int steps = my_tiles * kblocks;
   DbCursor c;
@@ -205,18 +154,14 @@ __device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* pre
   for (int lp = 0; lp < steps; ++lp) {
     const int s = lp % kStages;
     if (lp >= kStages) mbar_wait(&empty[s], (uint32_t)((lp / kStages - 1) & 1));
-    if constexpr (kTmaScales) {
-      wide_load_ts<kStages>(p, smem, s, c.tile, c.kb, static_cast<const WideMaps<true>*>(maps));
-    } else if constexpr (kWide) {
+    if constexpr (kWide) {
       wide_load_tma<kStages>(p, smem, s, c.tile, c.kb, ptid, kblocks, maps);
     } else {
       db_load_tma(p, smem + s * L::kStage, &full[s], c.tile, c.kb, ptid, kblocks, maps);
     }
     db_next<kTileN>(c, p, prefix, my_tiles, kblocks, n_tiles);
   }
-  if constexpr (!kTmaScales) {
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
-  }  // (TMA copies complete on full[s], which the consumers wait for before the CTA can end)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
 }
 
 // fp8_db_kernel with the TMA producer (top comment): maps.a = A [m, k], maps.b = B [g * n, k], uint8 maps with box
@@ -262,12 +207,8 @@ __device__ __forceinline__ void wide_wgmma4(float* t, uint32_t a_base, uint32_t 
 // temporary t: the half's four wgmmas, wait, acc half += t * (sa * sb[h]); then the stage is released. No proxy fence
 // after the full wait: the wgmma operands were written by TMA (the async proxy; complete_tx orders them before the
 // phase flips) and the scales by cp.async, visible through the .noinc arrive, and are read with ordinary loads.
-// kTmaScales ("fp8_wide_t4s"): the A scales came by TMA (visible through the same complete_tx) and the two B scales
-// are read from global memory at sbg[0] (n half 0) and sbg[ks] (half 1) BEFORE the full wait, so their latency hides
-// under the wait and the wgmma issue; the same fp32 values as the staged copies: the same products.
-template <int kStages, bool kTmaScales = false>
-__device__ __forceinline__ void wide_block(float* acc, float* t, uint8_t* smem, int sp, int cw, int wtid,
-                                           const float* sbg = nullptr, int ks = 0) {
+template <int kStages>
+__device__ __forceinline__ void wide_block(float* acc, float* t, uint8_t* smem, int sp, int cw, int wtid) {
   using L = WideLayout<kStages>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
   const int stage = sp % kStages;
@@ -275,16 +216,11 @@ __device__ __forceinline__ void wide_block(float* acc, float* t, uint8_t* smem, 
   const float* sb = reinterpret_cast<const float*>(smem + L::kSB) + stage * 2;
   const uint32_t st = smem_u32(smem + stage * L::kStage);
   const int r0 = 64 * cw + 16 * (wtid >> 5) + ((wtid & 31) >> 2);
-  float sbl[2] = {0.f, 0.f};
-  if constexpr (kTmaScales) {
-    sbl[0] = __ldg(sbg);
-    sbl[1] = __ldg(sbg + ks);
-  }
   mbar_wait(&full[stage], (uint32_t)((sp / kStages) & 1));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     wide_wgmma4(t, st + L::kA + cw * 64 * 128, st + L::kB + h * kBN * kBK);
-    const float sbh = kTmaScales ? sbl[h] : sb[h];
+    const float sbh = sb[h];
     const float s0 = sa[r0] * sbh, s1 = sa[r0 + 8] * sbh;  // as db_finish: the same fp32 products
     wg_wait0();
     reg_fence<64>(t);
@@ -344,9 +280,7 @@ __device__ __forceinline__ void wide_store(const DbParams& p, const DbTile& tile
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 }
 
-// kTmaScales: wide_block reads the B scales from global memory; sbg = sfb[grp, n0 / 128, 0] of the tile (n half 1:
-// the next sfb row, kblocks further).
-template <int kStages, bool kTmaScales = false>
+template <int kStages>
 __device__ void wide_consumer(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                               int n_tiles) {
   const int wtid = (threadIdx.x - 128) & 127, cw = (threadIdx.x - 128) >> 7;
@@ -357,25 +291,17 @@ __device__ void wide_consumer(const DbParams& p, uint8_t* smem, const int* prefi
   for (int i = 0; i < 64; ++i) t[i] = 0.f;
   for (int lt = 0; lt < my_tiles; ++lt) {
     const DbTile tile = db_decode<2 * kBN>(blockIdx.x + lt * gridDim.x, prefix, p, n_tiles);
-    if constexpr (kTmaScales) {
-      const float* sbg = p.sfb + ((size_t)tile.grp * (p.n / kBN) + tile.n0 / kBN) * kblocks;
-      for (int kb = 0; kb < kblocks; ++kb) {
-        wide_block<kStages, true>(acc, t, smem, lt * kblocks + kb, cw, wtid, sbg + kb, kblocks);
-      }
-    } else {
-      for (int kb = 0; kb < kblocks; ++kb) wide_block<kStages>(acc, t, smem, lt * kblocks + kb, cw, wtid);
-    }
+    for (int kb = 0; kb < kblocks; ++kb) wide_block<kStages>(acc, t, smem, lt * kblocks + kb, cw, wtid);
     wide_store(p, tile, acc, cw, wtid);
   }
 }
 
 // The 128 x 256 tile kernel (top comment): maps.a = A [m, k] with box [128, 128], maps.b = B [g * n, k] with box
 // [256, 128] (dg_fp8_db.cu). n % 256 == 0. Consumers at 232 registers: acc[128] + t[64] + addresses; the producer at
-// 40 (128 * 40 + 256 * 232 = 384 * 168, the launch share). kTmaScales ("fp8_wide_t4s", top comment): maps.sfa = the
-// M-major A scales, producer thread 0 alone, full[s] expects one arrival, B scales read by the consumers; p.sfa unused.
-template <int kStages, bool kTmaScales = false>
+// 40 (128 * 40 + 256 * 232 = 384 * 168, the launch share).
+template <int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
-    fp8_wide_kernel(const DbParams p, const __grid_constant__ WideMaps<kTmaScales> maps) {
+    fp8_wide_kernel(const DbParams p, const __grid_constant__ DbMaps maps) {
   using L = WideLayout<kStages>;
   static_assert(kStages >= 2, "the ring needs one stage loading while the consumers read another");
   static_assert(L::kStage % 1024 == 0 && L::kB % 1024 == 0, "TMA 128-byte swizzle: 1 KiB aligned boxes");
@@ -385,15 +311,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* prefix = reinterpret_cast<int*>(smem + L::kPrefix);
   const int n_tiles = p.n / (2 * kBN), kblocks = p.k / kBK;
   const int my_tiles = db_start<kStages>(p, reinterpret_cast<uint64_t*>(smem + L::kBar),
-                                         reinterpret_cast<int*>(smem + L::kScan), prefix, n_tiles,
-                                         kTmaScales ? 1 : kTmaArrivals);  // t4s: thread 0's expect_tx only
+                                         reinterpret_cast<int*>(smem + L::kScan), prefix, n_tiles, kTmaArrivals);
   if (my_tiles == 0) return;
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    db_producer_tma<kStages, true, kTmaScales>(p, smem, prefix, my_tiles, kblocks, n_tiles, &maps);
+    db_producer_tma<kStages, true>(p, smem, prefix, my_tiles, kblocks, n_tiles, &maps);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    wide_consumer<kStages, kTmaScales>(p, smem, prefix, my_tiles, kblocks, n_tiles);
+    wide_consumer<kStages>(p, smem, prefix, my_tiles, kblocks, n_tiles);
   }
 }
 

@@ -12,6 +12,12 @@ DEFAULT_IMPL "rows") runs it from CUDA_MIN_ROWS rows per group (cuda_wg1s4; from
 cuda_rs2s4n256, bit-equal to cuda_wg2s4), Triton below; `impl="cuda"` (or a variant name such as "cuda_wg2s5" /
 "cuda_wg2s4r"), or env DEEPINFER_DG_W4A8_IMPL=cuda|cuda_wg..|triton, forces a choice. It runs on CUDA tensors when
 `_C` has it and the operands fit (else the Triton path).
+
+Prepared weights (session 13): `prepare_w4a8_wide(packed, scales)` once per weight gives a `W4A8WideWeights`; passed
+as `b`, the call runs the W4A8 wide kernel (`backends/cuda/cuda_w4a8_wide.py`: the FP8 128 x 256 tile kernel's
+consumers, FP4 -> e4m3 conversion in the producer warpgroup) from WIDE_MIN_ROWS rows per group when the weight is
+`lossless` (else, and on every other path, the object's original (packed, scales) run as above). impl="wide" (or
+the env) forces it whenever it applies.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from . import reference_w4a8 as ref
 from ._checks import check_pair, check_same_device, check_tensor
 from ._dispatch import use_triton
 from .backends.cuda.w4a8_configs import W4A8Config
+from .backends.cuda.w4a8_wide_pack import W4A8WideWeights, prepare_w4a8_wide
 from .backends.cuda.w4a16_configs import rows_per_group
 
-__all__ = ["m_grouped_fp8_fp4_gemm_nt_offsets", "IMPL_ENV", "DEFAULT_IMPL"]
+__all__ = ["m_grouped_fp8_fp4_gemm_nt_offsets", "prepare_w4a8_wide", "W4A8WideWeights", "IMPL_ENV", "DEFAULT_IMPL"]
 
 IMPL_ENV = "DEEPINFER_DG_W4A8_IMPL"
 # What "auto" runs on CUDA: "rows" = by rows per group (`_auto_variant`): the FP8-wgmma kernel from CUDA_MIN_ROWS rows
@@ -39,6 +46,7 @@ IMPL_ENV = "DEEPINFER_DG_W4A8_IMPL"
 DEFAULT_IMPL = "rows"
 CUDA_MIN_ROWS = 64
 RS_MIN_ROWS = 256
+WIDE_MIN_ROWS = 64  # prepared weights: the wide kernel from here (session 13, H200: 2.4x cuda_rs2s4n256 at 64)
 
 _PACKED = (torch.int8, torch.uint8)
 _E8M0 = (torch.float8_e8m0fnu, torch.uint8)
@@ -46,7 +54,7 @@ _E8M0 = (torch.float8_e8m0fnu, torch.uint8)
 
 def m_grouped_fp8_fp4_gemm_nt_offsets(
     a: tuple[torch.Tensor, torch.Tensor],
-    b: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor] | W4A8WideWeights,
     offs: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
@@ -60,17 +68,23 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
        [m, k/128] contiguous, one per row and 128 inputs.
     b: (packed, scales). packed: int8 or uint8 [g, n, k/2], two e2m1 codes a byte (LOW nibble = element 2j);
        scales: float8_e8m0fnu or uint8 (raw E8M0 byte, 2^(byte-127)) [g, n, k/32]. The Triton path is exact
-       (up to fp32 summation order) for scale bytes in [1, 254]; the reference for all.
+       (up to fp32 summation order) for scale bytes in [1, 254]; the reference for all. Or a `W4A8WideWeights`
+       from `prepare_w4a8_wide` (the W4A8 wide kernel where it applies, else its packed / scales as above).
     offs: int32 [g], cumulative END row of each group (as `m_grouped_bf16_fp4_gemm_nt_contiguous`); empty groups
        allowed; rows past offs[g-1] are left untouched. Validated (ValueError) only on the reference path.
     out: bfloat16 [m, n], contiguous; allocated when None.
     expected_m: optional rows-per-group hint (picks the tile; never read on the device).
     config: optional `W4A8Config` for the Triton path (benchmark sweeps); None -> `default_w4a8_config`.
     impl: None (env DEEPINFER_DG_W4A8_IMPL, default "auto"), "auto" (the compiled FP8-wgmma kernel from 64 rows per
-       group, Triton below: `DEFAULT_IMPL`), "triton", or "cuda" / "cuda_wg<W>s<S>[r]" (the compiled kernel on CUDA
-       tensors when built and applicable, else Triton; ignored on the reference path). A `config` forces Triton.
+       group, Triton below: `DEFAULT_IMPL`; with prepared weights the wide kernel from WIDE_MIN_ROWS), "triton",
+       "wide" (prepared weights: the wide kernel whenever it applies, else as "rows"), or "cuda" /
+       "cuda_wg<W>s<S>[r]" (the compiled kernel on CUDA tensors when built and applicable, else Triton; ignored on
+       the reference path). A `config` forces Triton.
     Requires k % 128 == 0 and n % 16 == 0. Accumulates in float32. Returns out [m, n].
     """
+    prepared = b if isinstance(b, W4A8WideWeights) else None
+    if prepared is not None:
+        b = (prepared.packed, prepared.scales)
     values, sfa = check_pair("a", a)
     check_tensor("a[0] (FP8 values)", values, (torch.float8_e4m3fn,), [None, None])
     m, k = values.shape
@@ -96,7 +110,13 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
         raise ValueError(f"config.split_k: expected 128 * split_k to divide K={k}, got {config.split_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=values.device)
-    cuda_variant = _cuda_variant(impl, config, rows_per_group(m, g, expected_m))
+    rows = rows_per_group(m, g, expected_m)
+    if prepared is not None and values.is_cuda and config is None and _wide_wanted(impl, rows):
+        from .backends.cuda import cuda_w4a8_wide as ww
+
+        if not _forced_reference() and ww.applies(values, prepared):
+            return ww.m_grouped_fp8_fp4_gemm_nt_offsets_wide(values, sfa, prepared, offs, out)
+    cuda_variant = _cuda_variant(impl, config, rows)
     if values.is_cuda and cuda_variant is not None and not _forced_reference():
         from .backends.cuda import cuda_w4a8_grouped as cw
 
@@ -109,6 +129,20 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
             values, sfa, packed, scales, offs, out, config=config, expected_m=expected_m
         )
     return ref.m_grouped_fp8_fp4_gemm_nt_offsets(values, sfa, packed, scales, offs, out)
+
+
+def _impl_choice(impl: str | None) -> str:
+    """impl, or env DEEPINFER_DG_W4A8_IMPL when None ("auto" when unset)."""
+    choice = impl if impl is not None else (os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto")
+    if not isinstance(choice, str):
+        raise TypeError(f"impl: expected a str or None, got {type(choice).__name__}")
+    return choice
+
+
+def _wide_wanted(impl: str | None, rows: float) -> bool:
+    """Prepared weights: whether the call asks for the wide kernel ("wide", or "auto" / "rows" from WIDE_MIN_ROWS)."""
+    choice = _impl_choice(impl)
+    return choice == "wide" or (choice in ("auto", "rows") and DEFAULT_IMPL == "rows" and rows >= WIDE_MIN_ROWS)
 
 
 def _auto_variant(rows: float) -> str:
@@ -124,12 +158,10 @@ def _cuda_variant(impl: str | None, config: W4A8Config | None, rows: float) -> t
     name (on every path)."""
     from .backends.cuda.cuda_w4a8_grouped import parse_variant
 
-    choice = impl if impl is not None else (os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto")
-    if not isinstance(choice, str):
-        raise TypeError(f"impl: expected a str or None, got {type(choice).__name__}")
+    choice = _impl_choice(impl)
     if choice == "auto":
         choice = DEFAULT_IMPL
-    if choice == "rows":
+    if choice in ("rows", "wide"):  # "wide" that did not apply: what "rows" runs
         choice = _auto_variant(rows)
     if choice == "triton":
         return None

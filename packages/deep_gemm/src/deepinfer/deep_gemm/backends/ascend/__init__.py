@@ -20,12 +20,15 @@ signatures were checked against the torch_npu / CANN documentation (hiascend.com
   same: `npu_grouped_matmul`'s quantised modes are int8 per-channel / per-token, not FP8 block scales
 * `grouped_gemm_nt_fp8` -> reference: same
 * `m_grouped_fp8_fp4_gemm_nt_offsets` (W4A8, offsets layout) -> reference: same
+* `prepare_w4a8_wide` (weight preparation for the CUDA W4A8 wide kernel) -> itself: pure PyTorch on any device; a
+  prepared weight passed to the W4A8 call runs the reference on its original operands
 """
 
 from __future__ import annotations
 
 from ... import reference as _ref
 from ... import reference_w4a8 as _ref_w4a8
+from ..cuda.w4a8_wide_pack import prepare_w4a8_wide as _prepare_w4a8_wide
 from ... import reference_w4a16 as _ref_w4a16
 from . import ops as _ops
 from ._core import AscendOp, describe, make_dispatch, markdown_table
@@ -56,6 +59,10 @@ def _build() -> dict[str, AscendOp]:
         "m_grouped_fp8_fp4_gemm_nt_offsets": AscendOp(
             "m_grouped_fp8_fp4_gemm_nt_offsets", _ref_w4a8.m_grouped_fp8_fp4_gemm_nt_offsets, note=_GFP8
         ),
+        "prepare_w4a8_wide": AscendOp(
+            "prepare_w4a8_wide", _prepare_w4a8_wide,
+            note="pure PyTorch weight preparation (any device); the W4A8 call then runs the reference on its originals",
+        ),  # fmt: skip
     }
     for name in ("fp8_gemm_nt", "fp8_fp4_gemm_nt"):
         t[name] = AscendOp(name, _ref.fp8_gemm_nt, note=_FP8)

@@ -25,19 +25,6 @@ flight across a promotion within one warpgroup (the two consumer warpgroups inte
 epilogue stores bf16 straight from registers (a quad-shuffle transpose makes 16-byte row stores) instead of a staging
 tile. Same per-element products and promotion order as `fp8_db_t4`: bit-equal (the GPU tests check it).
 
-`wide=True, tma_scales=True` (prepared in session 12 for the next session; NOT YET MEASURED ON A GPU: compiled and
-ptxas-checked only; opt-in, `fp8_gemm_nt` never routes to it): `fp8_wide_t4s` (tma mode `WIDE_TS` = 3),
-`fp8_wide_kernel<4, true>` with DeepGEMM-style scale feeding. Why: fp8_wide_t4 measures ~1,100 TFLOPS dense while its
-consumers with an ideal producer (one bulk copy and one arrival per stage) reach ~1,430; a suspect is its scale feed,
-128 producer threads each copying one strided 4-byte A scale with cp.async + an arrive per stage (129 arrivals and
-130 scattered 4-byte loads per 48 KiB stage). Here producer thread 0 alone issues per stage one expect_tx and three
-TMA copies (A, B and the tile's 128 A scales from an M-major copy of sfa), full[s] expects ONE arrival, and the
-consumers read their two B scales per k block straight from global memory. The A scales must be M-major and
-TMA-aligned: fp32 [k / 128, m_pad] with m_pad = m rounded up to 4, seen as sfa's [m, k / 128] shape with strides
-(1, m_pad) (`tma_aligned_sfa`); the wrappers make that copy per call (transpose + zero pad, torch ops: no host sync,
-CUDA-graph capturable) unless sfa already has the layout. Same wgmmas and fp32 scale products: bit-equal to
-`fp8_wide_t4` (the GPU tests check it).
-
 First version's limits: fp32 scales only, n % 128 == 0 (wide: n % 256 == 0), k % 128 == 0, out bf16 16-byte aligned,
 a and b 16-byte aligned, <= MAX_GROUPS groups.
 """
@@ -50,22 +37,23 @@ import torch
 
 from ..._backend import compiled_module
 
-__all__ = ["DEFAULT_STAGES", "DEFAULT_WIDE_STAGES", "MAX_GROUPS", "VARIANTS", "WIDE", "WIDE_TS", "available",
-           "compiled_variants", "fp8_gemm_nt_db", "m_grouped_fp8_gemm_nt_offsets_db", "tma_aligned_sfa",
+__all__ = ["DEFAULT_STAGES", "DEFAULT_WIDE_STAGES", "MAX_GROUPS", "VARIANTS", "W4A8_VARIANT", "WIDE", "available",
+           "compiled_variants", "fp8_gemm_nt_db", "launch_variant", "m_grouped_fp8_gemm_nt_offsets_db",
            "variant_name"]  # fmt: skip
 
 FP8 = torch.float8_e4m3fn
 DEFAULT_STAGES = 5  # ring depth (4 also built; the benchmark measures both)
 DEFAULT_WIDE_STAGES = 4  # ring depth of the 128 x 256 tile kernel (3 also built; 5 does not fit in shared memory)
 WIDE = 2  # the tma mode of the 128 x 256 tile kernel (fp8_wide_kernel: TMA producer, n % 256 == 0)
-WIDE_TS = 3  # the tma mode of fp8_wide_t4s: WIDE with TMA-fed A scales (M-major sfa) and B scales read by the consumers
 # (stages, stagger, tma) built into _C (kept in sync with fp8_db_variants() in csrc/cuda/dg_fp8_db.cu): stagger 1
 # starts consumer warpgroup 1 ~1 us late so the two warpgroups' tile-end drains do not coincide; tma 1 feeds the ring
 # with TMA copies instead of cp.async (both bit-equal to (stages, 0, 0)); tma 2 (WIDE): 128 x 256 tiles with the TMA
-# producer (bit-equal to (4, 0, 1)); tma 3 (WIDE_TS): WIDE with TMA-fed scales (bit-equal to (4, 0, WIDE)).
+# producer (bit-equal to (4, 0, 1)). fp8_db_variants() also lists W4A8_VARIANT, the W4A8 kernel on the wide
+# consumers (tma mode 4; FP4 weight chunks as b: cuda_w4a8_wide.py), which is not an FP8 GEMM.
 VARIANTS: tuple[tuple[int, int, int], ...] = (
-    (4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1), (4, 0, WIDE), (3, 0, WIDE), (4, 0, WIDE_TS)
+    (4, 0, 0), (5, 0, 0), (5, 1, 0), (4, 0, 1), (5, 0, 1), (4, 0, WIDE), (3, 0, WIDE)
 )  # fmt: skip
+W4A8_VARIANT = (3, 0, 4)
 MAX_GROUPS = 4096  # the kernel keeps a per-group tile prefix in shared memory (kMaxGroups)
 
 
@@ -92,24 +80,21 @@ def compiled_variants() -> tuple[tuple[int, int, int], ...]:
 
 def variant_name(stages: int, stagger: bool, tma: int = 0) -> str:
     """(5, False) -> 'fp8_db_s5'; (5, True) -> 'fp8_db_s5_stagger'; (5, False, 1 or True) -> 'fp8_db_t5' (TMA
-    producer); (4, False, WIDE) -> 'fp8_wide_t4' (128 x 256 tiles); (4, False, WIDE_TS) -> 'fp8_wide_t4s' (TMA-fed
-    scales)."""
+    producer); (4, False, WIDE) -> 'fp8_wide_t4' (128 x 256 tiles)."""
     suffix = "_stagger" if stagger else ""
-    if int(tma) == WIDE_TS:
-        return f"fp8_wide_t{stages}s{suffix}"
     if int(tma) == WIDE:
         return f"fp8_wide_t{stages}{suffix}"
     return f"fp8_db_{'t' if tma else 's'}{stages}{suffix}"
 
 
-def _check(name: str, t: object, dtype: torch.dtype, ndim: int, contiguous: bool = True) -> torch.Tensor:
+def _check(name: str, t: object, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if contiguous and not t.is_contiguous():
+    if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
     return t
 
@@ -127,10 +112,9 @@ def _validate(
     offs: torch.Tensor,
     out: torch.Tensor,
     wide: bool = False,
-    tma_scales: bool = False,
 ) -> tuple[int, int, int, int]:
-    """Shapes, dtypes, devices, contiguity and alignment of the grouped form (wide: also n % 256 == 0; tma_scales: sfa
-    may have any strides, `tma_aligned_sfa` lays it out); returns (m, n, k, g)."""
+    """Shapes, dtypes, devices, contiguity and alignment of the grouped form (wide: also n % 256 == 0); returns
+    (m, n, k, g)."""
     _check("a", a, FP8, 2)
     _check("b", b, FP8, 3)
     m, k = a.shape
@@ -145,7 +129,7 @@ def _validate(
         raise ValueError(f"b: expected k = {k} (a's), got shape {tuple(b.shape)}")
     if not 1 <= g <= MAX_GROUPS:
         raise ValueError(f"b: expected 1..{MAX_GROUPS} groups, got {g}")
-    _check("sfa", sfa, torch.float32, 2, contiguous=not tma_scales)
+    _check("sfa", sfa, torch.float32, 2)
     _check_shape("sfa", sfa, (m, k // 128))
     _check("sfb", sfb, torch.float32, 3)
     _check_shape("sfb", sfb, (g, n // 128, k // 128))
@@ -162,53 +146,19 @@ def _validate(
     return m, n, k, g
 
 
-def _mode(stages: int | None, tma: bool, wide: bool, tma_scales: bool = False) -> tuple[int, int]:
-    """(stages, tma mode): wide selects the 128 x 256 tile kernel (its TMA producer is implied), tma_scales its
-    TMA-fed-scale form (WIDE_TS); stages None: the default ring depth of that kernel."""
-    if tma_scales and not wide:
-        raise ValueError("tma_scales: expected wide=True with it (only the 128 x 256 tile kernel has TMA-fed scales)")
+def _mode(stages: int | None, tma: bool, wide: bool) -> tuple[int, int]:
+    """(stages, tma mode): wide selects the 128 x 256 tile kernel (its TMA producer is implied); stages None: the
+    default ring depth of that kernel."""
     if stages is None:
         stages = DEFAULT_WIDE_STAGES if wide else DEFAULT_STAGES
-    if wide:
-        return stages, WIDE_TS if tma_scales else WIDE
-    return stages, int(tma)
+    return stages, WIDE if wide else int(tma)
 
 
-def _m_pad(m: int) -> int:
-    return (m + 3) // 4 * 4  # 16-byte rows of fp32 (TMA's global stride unit)
-
-
-def _is_tma_aligned(sfa: torch.Tensor) -> bool:
-    """sfa [m, ks] is already the [m, ks] view (strides (1, m_pad)) of an M-major fp32 [ks, m_pad] buffer that starts
-    16-byte aligned and is wholly inside sfa's storage (the kernel's TMA box reads up to m_pad rows)."""
-    m, ks = sfa.shape
-    m_pad = _m_pad(m)
-    if sfa.data_ptr() % 16 or (m > 1 and sfa.stride(0) != 1) or (ks > 1 and sfa.stride(1) != m_pad):
-        return False
-    return sfa.untyped_storage().nbytes() >= (sfa.storage_offset() + ks * m_pad) * sfa.element_size()
-
-
-def tma_aligned_sfa(sfa: torch.Tensor) -> torch.Tensor:
-    """The A scales in the layout `tma_scales=True` reads (DeepGEMM's M-major, TMA-aligned scales): the same fp32
-    [m, k / 128] values as a view with strides (1, m_pad) of a [k / 128, m_pad] buffer (m_pad = m rounded up to 4,
-    padding zero). Returned as is when sfa already has that layout (no copy), else copied with torch ops (no host
-    sync, CUDA-graph capturable; the copy is freed stream-ordered after the launch that reads it). Callers that reuse
-    one sfa for many calls can make this once."""
-    _check("sfa", sfa, torch.float32, 2, contiguous=False)
-    if _is_tma_aligned(sfa):
-        return sfa
-    m, ks = sfa.shape
-    m_pad = _m_pad(m)
-    buf = torch.empty((ks, m_pad), dtype=sfa.dtype, device=sfa.device)
-    buf[:, :m].copy_(sfa.t())
-    if m_pad > m:
-        buf[:, m:].zero_()
-    return buf.t()[:m]
-
-
-def _launch(
+def launch_variant(
     a, sfa, b, sfb, offs, out, m: int, n: int, k: int, g: int, stages: int, stagger: bool, ctas: int, tma: int
 ) -> torch.Tensor:
+    """`_C.fp8_db_grouped` on validated operands (the callers check shapes, dtypes, devices and alignment): the
+    (stages, stagger, tma) variant must be built; m == 0 returns out untouched. Returns out."""
     mod = _module()
     if mod is None:
         raise RuntimeError("the fp8_db CUDA kernel is not built (build deep_gemm with DEEPINFER_DEVICE=cuda)")
@@ -219,8 +169,6 @@ def _launch(
         raise ValueError(f"(stages, stagger, tma): expected one of {compiled_variants()}, got {key}")
     if m == 0:
         return out
-    if tma == WIDE_TS:
-        sfa = tma_aligned_sfa(sfa)  # the kernel's third tensor map reads this buffer (dg_fp8_db.cu)
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream(a.device).cuda_stream
         mod.fp8_db_grouped(
@@ -242,7 +190,6 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     ctas: int = 0,
     tma: bool = False,
     wide: bool = False,
-    tma_scales: bool = False,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM, contiguous layout: rows [offs[i-1], offs[i]) of out = group i's rows of a @ b[i]^T.
 
@@ -251,13 +198,11 @@ def m_grouped_fp8_gemm_nt_offsets_db(
     offs[-1] are not written); out: bf16 [m, n]. k % 128 == 0, n % 128 == 0. (stages, stagger): ring depth (None:
     DEFAULT_STAGES, or DEFAULT_WIDE_STAGES with wide) and the staggered consumer start; tma: the TMA producer; wide:
     the 128 x 256 tile kernel (TMA producer implied; n % 256 == 0) (`compiled_variants()` lists the built triples);
-    tma_scales (with wide=True only): `fp8_wide_t4s`, its TMA-fed-scale form (not yet measured on a GPU; sfa any
-    strides, copied per call by `tma_aligned_sfa` unless already M-major and TMA-aligned); ctas: persistent CTAs (0: one
-    per SM). Returns out.
+    ctas: persistent CTAs (0: one per SM). Returns out.
     """
-    stages, mode = _mode(stages, tma, wide, tma_scales)
-    m, n, k, g = _validate(a, sfa, b, sfb, offs, out, wide, tma_scales)
-    return _launch(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, mode)
+    stages, mode = _mode(stages, tma, wide)
+    m, n, k, g = _validate(a, sfa, b, sfb, offs, out, wide)
+    return launch_variant(a, sfa, b, sfb, offs, out, m, n, k, g, stages, stagger, ctas, mode)
 
 
 _DENSE_OFFS: dict[tuple[int, torch.device], torch.Tensor] = {}  # (m, device) -> int32 [1] = m, never evicted
@@ -292,7 +237,6 @@ def fp8_gemm_nt_db(
     ctas: int = 0,
     tma: bool = False,
     wide: bool = False,
-    tma_scales: bool = False,
 ) -> torch.Tensor:
     """Dense FP8 GEMM out = dequant(a, sfa) @ dequant(b, sfb)^T as one group.
 
@@ -307,9 +251,9 @@ def fp8_gemm_nt_db(
     b3 = b.unsqueeze(0) if isinstance(b, torch.Tensor) else b
     sfb3 = sfb.unsqueeze(0) if isinstance(sfb, torch.Tensor) else sfb
     offs = _dense_offs(a.shape[0], a.device)
-    stages, mode = _mode(stages, tma, wide, tma_scales)
-    m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out, wide, tma_scales)
-    return _launch(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, mode)
+    stages, mode = _mode(stages, tma, wide)
+    m, n, k, g = _validate(a, sfa, b3, sfb3, offs, out, wide)
+    return launch_variant(a, sfa, b3, sfb3, offs, out, m, n, k, g, stages, stagger, ctas, mode)
 
 
 # ------------------------------------------------------------------------------------------------ API routing
