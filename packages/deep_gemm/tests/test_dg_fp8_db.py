@@ -160,11 +160,9 @@ def _ptxas_entries(stderr: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-def test_fp8_db_sm90_compile() -> None:
-    """nvcc 13 builds dg_fp8_db.cu for sm_90a: no spills / stack, no wgmma serialisation (C7508, C7510 .. C7520:
-    the two temporaries must stay in flight), <= 168 registers at launch (65536 / 384; setmaxnreg moves the rest).
-    Every kernel is checked on its own lines, the wide ones (fp8_wide_kernel: acc[128] + one temporary at setmaxnreg
-    232, producer 40) included."""
+def compile_fp8_db() -> subprocess.CompletedProcess:
+    """nvcc -Xptxas -v of dg_fp8_db.cu for sm_90a (every fp8_db / fp8_wide / W4A8 wide kernel); skips without nvcc;
+    asserts it compiled. Also used by test_dg_w4a8_wide.py."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc")
@@ -172,6 +170,15 @@ def test_fp8_db_sm90_compile() -> None:
            str(_CSRC / "dg_fp8_db.cu"), "-o", os.devnull]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_fp8_db_sm90_compile() -> None:
+    """nvcc 13 builds dg_fp8_db.cu for sm_90a: no spills / stack, no wgmma serialisation (C7508, C7510 .. C7520:
+    the two temporaries must stay in flight), <= 168 registers at launch (65536 / 384; setmaxnreg moves the rest).
+    Every kernel is checked on its own lines, the wide ones (fp8_wide_kernel: acc[128] + one temporary at setmaxnreg
+    232, producer 40) included."""
+    res = compile_fp8_db()
     entries = _ptxas_entries(res.stderr)
     kernels = {name: info for name, info in entries.items() if re.search(r"fp8_(?:db_(?:tma_)?|wide_)kernel", name)}
     assert len(kernels) == len(db.VARIANTS), res.stderr[-2000:]

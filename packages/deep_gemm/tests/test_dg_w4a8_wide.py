@@ -13,15 +13,12 @@ ragged groups (empty groups, m % 128 != 0, rows past offs[-1] untouched). Run in
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 from dg_testing import act64, calc_diff, fp4_group_weights, gen, rand_fp8, rand_scales
-from test_dg_w4a8_cuda import _CSRC
+from test_dg_fp8_db import _ptxas_entries, compile_fp8_db
 
 from deepinfer.deep_gemm import api_w4a8
 from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db
@@ -134,15 +131,8 @@ def test_wrapper_validation() -> None:
 def test_w4a8_wide_sm90_compile() -> None:
     """nvcc 13 builds w4a8_wide_kernel for sm_90a: no spills / stack, 168 registers at launch (producer 56,
     consumers 224 after setmaxnreg), no wgmma serialisation warning."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("needs nvcc")
-    cmd = [nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
-           str(_CSRC / "dg_fp8_db.cu"), "-o", os.devnull]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    parts = re.split(r"ptxas info\s*: Compiling entry function '(\w+)'", res.stderr)
-    info = dict(zip(parts[1::2], parts[2::2], strict=True))
+    res = compile_fp8_db()
+    info = _ptxas_entries(res.stderr)
     mine = [v for name, v in info.items() if "w4a8_wide_kernel" in name]
     assert len(mine) == 1, list(info)
     assert "0 bytes spill stores, 0 bytes spill loads" in mine[0] and "0 bytes stack frame" in mine[0], mine[0]
