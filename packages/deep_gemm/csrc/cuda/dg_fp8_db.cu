@@ -175,6 +175,12 @@ int fp8_db_launch(int stages, int stagger, int tma, std::uintptr_t a, std::uintp
     *msg = buf;
     return -2;
   }
+  if (tma == 4 && g > kW4MaxGroups) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "w4a8_wide (tma=4): expected at most %d groups, got g=%d", kW4MaxGroups, g);
+    *msg = buf;
+    return -2;
+  }
   if ((tma == 2 || tma == 4) && n % (2 * kBN) != 0) {
     char buf[200];
     std::snprintf(buf, sizeof(buf), "%s (tma=%d, 128 x 256 tiles): expected n %% 256 == 0, got n=%d",

@@ -18,8 +18,8 @@
 // bytes d in producer-thread order (thread t's 8 at 16,384 + 8 t: byte i for rows 32 i + t / 4, group t % 4).
 //
 // Producer (warpgroup 0, setmaxnreg 56; consumers 224: 128 * 56 + 256 * 224 = 384 * 168), per k block lp (stage
-// s = lp % 3, raw slot r = lp % 3):
-//   - thread 0 keeps 3 chunks in flight: one bulk copy (cp.async.bulk, 17,408 bytes) per chunk into raw slot r,
+// s = lp % 3, raw slot r = lp % 4):
+//   - thread 0 keeps 2-4 chunks in flight: one bulk copy (cp.async.bulk, 17,408 bytes) per chunk into raw slot r,
 //     completing on raw_full[r]; the A box by TMA and the scales by cp.async as fp8_wide (wide_load_tma without B).
 //   - all 128 threads: wait raw_full[r], convert the slot into stage s's B tile (thread t: rows 32 i + t / 4, group
 //     t % 4: one 16-byte load of 32 codes -> two swizzled 16-byte stores of e4m3, four groups per batch; a quarter
@@ -36,20 +36,21 @@
 namespace dg_fp8db {
 
 constexpr int kW4Stages = 3;                              // e4m3 ring (WideLayout<3>, the consumers' layout)
-constexpr int kW4Raw = 3;                                 // raw chunk slots (bulk copies in flight)
+constexpr int kW4Raw = 4;                                 // raw chunk slots (bulk copies in flight)
+constexpr int kW4MaxGroups = 1024;                        // a smaller prefix than kMaxGroups: room for 4 raw slots
 constexpr int kW4Codes = 2 * kBN * kBK / 2;               // 16 KiB of codes of a [256, 128] B tile
 constexpr int kW4Chunk = kW4Codes + 2 * kBN * 4;          // + 1 KiB of shift bytes = 17,408
 constexpr int kW4MaxShift = 11;                           // largest d (every stored weight stays a normal e4m3)
-constexpr int kW4Arrivals = 128 + 2;                      // full[s]: A-scale cp.asyncs + expect_tx + conversion
+constexpr int kW4Arrivals = 128 + 1 + 128;                // full[s]: A-scale cp.asyncs + expect_tx + conversions
 constexpr uint32_t kW4ABytes = kBM * kBK;                 // the A box of a stage
 
-// WideLayout<3> (stages, scales, barriers, prefix for kMaxGroups) followed by the raw slots and their barriers. Fixed
-// size (the raw slots sit past the largest prefix).
+// WideLayout<3> (stages, scales, barriers, prefix for kW4MaxGroups) followed by the raw slots and their barriers.
+// Fixed size (the raw slots sit past the largest prefix).
 struct W4Layout {
   using L = WideLayout<kW4Stages>;
-  static constexpr int kRaw = (L::kPrefix + 4 * (kMaxGroups + 1) + 127) / 128 * 128;
-  static constexpr int kRawBar = kRaw + kW4Raw * kW4Chunk;  // uint64 raw_full[kW4Raw]
-  static constexpr int kBytes = kRawBar + 8 * kW4Raw + 1024;  // + 1 KiB alignment slack
+  static constexpr int kRaw = (L::kPrefix + 4 * (kW4MaxGroups + 1) + 127) / 128 * 128;
+  static constexpr int kRawBar = kRaw + kW4Raw * kW4Chunk;  // uint64 raw_full[kW4Raw], raw_empty[kW4Raw]
+  static constexpr int kBytes = kRawBar + 16 * kW4Raw + 1024;  // + 1 KiB alignment slack
 };
 static_assert(W4Layout::kRaw % 128 == 0 && kW4Chunk % 128 == 0, "bulk copies: 16-byte aligned slots and sizes");
 static_assert(W4Layout::kBytes <= 227 * 1024, "sm_90 opt-in shared memory limit (227 KiB)");
@@ -66,11 +67,15 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint2 a, uint2 b) {
                : "memory");
 }
 
-// Before db_start (whose mbarrier fence and CTA barriers publish them): the raw barriers (thread 0; one arrival:
-// thread 0's expect_tx).
+// Before db_start (whose mbarrier fence and CTA barriers publish them): the raw barriers (thread 0): raw_full[r]
+// one arrival (thread 0's expect_tx), raw_empty[r] the 128 producer threads (done reading the slot).
 __device__ __forceinline__ void w4_init(uint8_t* smem) {
   if (threadIdx.x == 0) {
-    for (int r = 0; r < kW4Raw; ++r) mbar_init(reinterpret_cast<uint64_t*>(smem + W4Layout::kRawBar) + r, 1);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + W4Layout::kRawBar);
+    for (int r = 0; r < kW4Raw; ++r) {
+      mbar_init(bars + r, 1);
+      mbar_init(bars + kW4Raw + r, 128);
+    }
   }
 }
 
@@ -148,7 +153,9 @@ __device__ __forceinline__ void w4_convert(const uint8_t* raw, uint32_t b_dst, i
   }
 }
 
-// The producer loop (top comment). cr: the cursor kW4Raw steps ahead (thread 0's chunk copies).
+// The producer loop (top comment). No producer-wide barrier: each thread arrives on full[s] after its own fenced
+// stores and on raw_empty[r] after its reads, and thread 0 refills the slot of step lp - 1 (usually released by then)
+// with chunk lp - 1 + kW4Raw. cr: the chunk cursor (thread 0).
 __device__ void w4_producer(const DbParams& p, uint8_t* smem, const int* prefix, int my_tiles, int kblocks,
                             int n_tiles, const CUtensorMap* map_a) {
   using L = WideLayout<kW4Stages>;
@@ -156,6 +163,7 @@ __device__ void w4_producer(const DbParams& p, uint8_t* smem, const int* prefix,
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* empty = full + kW4Stages;
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem + W4Layout::kRawBar);
+  uint64_t* raw_empty = raw_full + kW4Raw;
   const int steps = my_tiles * kblocks;
   DbCursor c, cr;
   c.tile = db_decode<2 * kBN>(blockIdx.x, prefix, p, n_tiles);
@@ -174,14 +182,15 @@ __device__ void w4_producer(const DbParams& p, uint8_t* smem, const int* prefix,
     w4_load_a(p, smem, s, c.tile, c.kb, ptid, kblocks, map_a);
     mbar_wait(&raw_full[r], (uint32_t)((lp / kW4Raw) & 1));
     w4_convert(smem + W4Layout::kRaw + r * kW4Chunk, smem_u32(smem + s * L::kStage + L::kB), ptid);
-    fence_async_smem();
-    dg_w4a8::producer_sync();  // every thread's stores (fenced) and raw-slot reads are done
-    if (ptid == 0) {
-      mbar_arrive(&full[s]);
-      if (lp + kW4Raw < steps) {
-        w4_raw_issue(p, smem, r, cr.tile, cr.kb, kblocks);
-        db_next<2 * kBN>(cr, p, prefix, my_tiles, kblocks, n_tiles);
-      }
+    fence_async_smem();  // this thread's generic stores -> the consumers' wgmma (async proxy) reads
+    mbar_arrive(&full[s]);
+    mbar_arrive(&raw_empty[r]);
+    const int refill = lp - 1 + kW4Raw;  // the chunk for raw slot (lp - 1) % kW4Raw
+    if (ptid == 0 && lp >= 1 && refill < steps) {
+      const int rp = (lp - 1) % kW4Raw;
+      mbar_wait(&raw_empty[rp], (uint32_t)(((lp - 1) / kW4Raw) & 1));
+      w4_raw_issue(p, smem, rp, cr.tile, cr.kb, kblocks);
+      db_next<2 * kBN>(cr, p, prefix, my_tiles, kblocks, n_tiles);
     }
     db_next<2 * kBN>(c, p, prefix, my_tiles, kblocks, n_tiles);
   }

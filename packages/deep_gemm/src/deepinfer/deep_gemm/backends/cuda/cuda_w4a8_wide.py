@@ -14,9 +14,10 @@ import torch
 from . import cuda_fp8_db as db
 from .w4a8_wide_pack import CHUNK_BYTES, TILE_N, W4A8WideWeights
 
-__all__ = ["W4A8_WIDE", "STAGES", "applies", "available", "m_grouped_fp8_fp4_gemm_nt_offsets_wide"]
+__all__ = ["MAX_GROUPS", "W4A8_WIDE", "STAGES", "applies", "available", "m_grouped_fp8_fp4_gemm_nt_offsets_wide"]
 
 STAGES, _, W4A8_WIDE = db.W4A8_VARIANT  # e4m3 ring depth 3 (the only one built), tma mode 4 of fp8_db_grouped
+MAX_GROUPS = 1024  # kW4MaxGroups: the kernel's smaller group prefix leaves shared memory for 4 raw chunk slots
 
 
 def available() -> bool:
@@ -26,12 +27,12 @@ def available() -> bool:
 
 def applies(values: torch.Tensor, w: W4A8WideWeights) -> bool:
     """True when the kernel can take the call: built, a lossless prepared weight, CUDA tensors on an sm_90 device,
-    <= MAX_GROUPS groups, 16-byte aligned activations (the API has checked shapes and dtypes)."""
+    <= MAX_GROUPS (1024) groups, 16-byte aligned activations (the API has checked shapes and dtypes)."""
     if not (available() and isinstance(w, W4A8WideWeights) and w.lossless and values.is_cuda):
         return False
     g = w.shape[0]
     major, _ = torch.cuda.get_device_capability(values.device)
-    return major == 9 and 1 <= g <= db.MAX_GROUPS and values.data_ptr() % 16 == 0
+    return major == 9 and 1 <= g <= MAX_GROUPS and values.data_ptr() % 16 == 0
 
 
 def _validate(values, sfa, w: W4A8WideWeights, offs, out) -> tuple[int, int, int, int]:
