@@ -111,18 +111,18 @@ struct WideLayout {
 static_assert(WideLayout<4>::bytes(kMaxGroups) <= 227 * 1024, "sm_90 opt-in shared memory limit (227 KiB)");
 constexpr uint32_t kWideTmaBytes = (kBM + 2 * kBN) * kBK;  // A + B boxes of one wide stage
 
-// Wide stage s <- k block kb of `tile`: as db_load_tma, with the 256-row B box and threads 0, 1 copying the B scales
-// of n halves 0, 1 (rows n0 / 128 + h of sfb[grp]).
-template <int kStages>
+// Wide stage s <- k block kb of `tile`: as db_load_tma, with the 256-row B box (kWithB; the W4A8 wide kernel's
+// producer writes B itself) and threads 0, 1 copying the B scales of n halves 0, 1 (rows n0 / 128 + h of sfb[grp]).
+template <int kStages, bool kWithB = true>
 __device__ __forceinline__ void wide_load_tma(const DbParams& p, uint8_t* smem, int s, const DbTile& tile, int kb,
-                                              int ptid, int ks, const DbMaps* maps) {
+                                              int ptid, int ks, const CUtensorMap* map_a, const CUtensorMap* map_b) {
   using L = WideLayout<kStages>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar) + s;
   uint8_t* st = smem + s * L::kStage;
   if (ptid == 0) {
-    mbar_arrive_expect_tx(full, kWideTmaBytes);
-    tma_load_2d(st + L::kA, &maps->a, kb * kBK, tile.row0, full);
-    tma_load_2d(st + L::kB, &maps->b, kb * kBK, tile.grp * p.n + tile.n0, full);
+    mbar_arrive_expect_tx(full, kWithB ? kWideTmaBytes : kBM * kBK);
+    tma_load_2d(st + L::kA, map_a, kb * kBK, tile.row0, full);
+    if constexpr (kWithB) tma_load_2d(st + L::kB, map_b, kb * kBK, tile.grp * p.n + tile.n0, full);
   }
   if (ptid < 2) {
     const size_t sb_row = (size_t)tile.grp * (p.n / kBN) + tile.n0 / kBN + ptid;
@@ -155,7 +155,7 @@ __device__ void db_producer_tma(const DbParams& p, uint8_t* smem, const int* pre
     const int s = lp % kStages;
     if (lp >= kStages) mbar_wait(&empty[s], (uint32_t)((lp / kStages - 1) & 1));
     if constexpr (kWide) {
-      wide_load_tma<kStages>(p, smem, s, c.tile, c.kb, ptid, kblocks, maps);
+      wide_load_tma<kStages>(p, smem, s, c.tile, c.kb, ptid, kblocks, &maps->a, &maps->b);
     } else {
       db_load_tma(p, smem + s * L::kStage, &full[s], c.tile, c.kb, ptid, kblocks, maps);
     }

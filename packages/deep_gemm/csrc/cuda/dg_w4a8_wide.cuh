@@ -42,7 +42,6 @@ constexpr int kW4Codes = 2 * kBN * kBK / 2;               // 16 KiB of codes of 
 constexpr int kW4Chunk = kW4Codes + 2 * kBN * 4;          // + 1 KiB of shift bytes = 17,408
 constexpr int kW4MaxShift = 11;                           // largest d (every stored weight stays a normal e4m3)
 constexpr int kW4Arrivals = 128 + 1 + 128;                // full[s]: A-scale cp.asyncs + expect_tx + conversions
-constexpr uint32_t kW4ABytes = kBM * kBK;                 // the A box of a stage
 
 // WideLayout<3> (stages, scales, barriers, prefix for kW4MaxGroups) followed by the raw slots and their barriers.
 // Fixed size (the raw slots sit past the largest prefix).
@@ -86,26 +85,6 @@ __device__ __forceinline__ void w4_raw_issue(const DbParams& p, uint8_t* smem, i
   const size_t chunk = ((size_t)tile.grp * (p.n / (2 * kBN)) + tile.n0 / (2 * kBN)) * kblocks + kb;
   mbar_arrive_expect_tx(bar, kW4Chunk);
   bulk_load(smem + W4Layout::kRaw + r * kW4Chunk, p.b + chunk * kW4Chunk, kW4Chunk, bar);
-}
-
-// Stage s <- the A box and the scales of k block kb (wide_load_tma without the B box): thread 0 expect_tx + A by
-// TMA, threads 0, 1 the B scales of the two n halves, every thread one A scale; then the .noinc arrivals.
-__device__ __forceinline__ void w4_load_a(const DbParams& p, uint8_t* smem, int s, const DbTile& tile, int kb,
-                                          int ptid, int ks, const CUtensorMap* map_a) {
-  using L = WideLayout<kW4Stages>;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar) + s;
-  if (ptid == 0) {
-    mbar_arrive_expect_tx(full, kW4ABytes);
-    tma_load_2d(smem + s * L::kStage + L::kA, map_a, kb * kBK, tile.row0, full);
-  }
-  if (ptid < 2) {
-    const size_t sb_row = (size_t)tile.grp * (p.n / kBN) + tile.n0 / kBN + ptid;
-    cp_async4(smem_u32(smem + L::kSB + 8 * s + 4 * ptid), p.sfb + sb_row * ks + kb, true);
-  }
-  const int row = tile.row0 + ptid;
-  const bool ok = row < tile.rend;
-  cp_async4(smem_u32(smem + L::kSA + (s * kBM + ptid) * 4), p.sfa + (size_t)(ok ? row : 0) * ks + kb, ok);
-  mbar_arrive_cp_async(full);
 }
 
 // prmt.b32 (default mode): byte j of the result = byte sel[4j + 2 : 4j] of {hi, lo}; sel[4j + 3] must be 0 (set,
@@ -179,7 +158,7 @@ __device__ void w4_producer(const DbParams& p, uint8_t* smem, const int* prefix,
   for (int lp = 0; lp < steps; ++lp) {
     const int s = lp % kW4Stages, r = lp % kW4Raw;
     if (lp >= kW4Stages) mbar_wait(&empty[s], (uint32_t)((lp / kW4Stages - 1) & 1));
-    w4_load_a(p, smem, s, c.tile, c.kb, ptid, kblocks, map_a);
+    wide_load_tma<kW4Stages, false>(p, smem, s, c.tile, c.kb, ptid, kblocks, map_a, nullptr);  // A + scales
     mbar_wait(&raw_full[r], (uint32_t)((lp / kW4Raw) & 1));
     w4_convert(smem + W4Layout::kRaw + r * kW4Chunk, smem_u32(smem + s * L::kStage + L::kB), ptid);
     fence_async_smem();  // this thread's generic stores -> the consumers' wgmma (async proxy) reads
