@@ -4,11 +4,12 @@ register-operand kernel and the FP8 grouped API.
 Issue 6 goal: FP4 experts >= 0.85x the FP8-expert grouped API where compute-bound. Cases as bench_dg_w4a8_ws.py:
 256 experts, 64 / 256 / 1,024 tokens per expert, (n, k) = (4096, 4096) gate+up and (4096, 2048) down, random e2m1
 codes with E8M0 bytes in [118, 128) (lossless for the wide format). Rows: `fp8_grouped_api` (the goal's baseline),
-`cuda_rs2s4n256` (the W4A8 API's default from 256 rows before session 13), `w4a8_wide` (the API with the prepared
-weight, impl="wide"), and `fp8_wide_t3_conv`: the FP8 wide kernel (same consumers, 3 stages) on the e4m3 operand the
-wide kernel's producer writes, i.e. the same GEMM with the conversion and the FP4 copies taken away (its ceiling).
-Per row: x_fp8_api, x_rs (vs cuda_rs2s4n256), x_conv (vs fp8_wide_t3_conv); w4a8_wide also bit_equal_vs_conv (must be
-True) and diff_vs_rs; per case the one-off preparation time (prep_ms).
+`cuda_rs2s4n256` / `cuda_wg1s4` (the W4A8 API's raw-weight defaults from 256 / for 64-255 rows), `w4a8_wide` (the
+API with the prepared weight, impl="wide"), and `fp8_wide_t3_conv`: the FP8 wide kernel (same consumers, 3 stages)
+on the e4m3 operand the wide kernel's producer writes, i.e. the same GEMM with the conversion and the FP4 copies
+taken away (its ceiling). Per row: x_fp8_api, x_rs (vs cuda_rs2s4n256), x_wg1 (vs cuda_wg1s4), x_conv (vs
+fp8_wide_t3_conv); w4a8_wide also bit_equal_vs_conv (must be True) and diff_vs_rs; per case the one-off preparation
+time (prep_ms).
 
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_wide.py --out RESULT.json   # H200
     python packages/deep_gemm/benchmarks/bench_dg_w4a8_wide.py --smoke             # CPU, tiny (reference path)
@@ -34,7 +35,7 @@ from deepinfer.deep_gemm.backends.cuda import cuda_fp8_db as db  # noqa: E402
 from deepinfer.deep_gemm.backends.cuda import cuda_w4a8_wide as ww  # noqa: E402
 from deepinfer.deep_gemm.backends.cuda import w4a8_wide_pack as wp  # noqa: E402
 
-RS, WIDE, CONV = "cuda_rs2s4n256", "w4a8_wide", "fp8_wide_t3_conv"
+RS, WG1, WIDE, CONV = "cuda_rs2s4n256", "cuda_wg1s4", "w4a8_wide", "fp8_wide_t3_conv"
 BUDGET_S = 150.0
 META = {"package": "deep_gemm", "bench": "w4a8_wide"}
 
@@ -52,7 +53,7 @@ def _prepare(op: dict, dev: str) -> tuple[wp.W4A8WideWeights, float]:
 def _calls(op: dict, w: wp.W4A8WideWeights, b8: torch.Tensor | None, shape: tuple, dev: str, fp8: tuple) -> dict:
     """{row: (callable, its own output)}; shape = (n, k, g)."""
     n, k, g = shape
-    ws.IMPLS = (RS,)  # ws._calls: the FP8 API row + the rs row through the W4A8 API
+    ws.IMPLS = (RS, WG1)  # ws._calls: the FP8 API row + the raw-weight defaults (>= 256 / 64-255 rows) via the API
     calls = ws._calls(op, n, k, g, dev, *fp8)
     out_w = torch.empty(op["m"], n, device=dev, dtype=torch.bfloat16)
     calls[WIDE] = (lambda: api_w4a8.m_grouped_fp8_fp4_gemm_nt_offsets((op["a"], op["sfa"]), w, op["offs"], out_w,
@@ -82,7 +83,7 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
         torch.cuda.synchronize()
     for rec in recs:
         name = rec["impl"]
-        for ref, key in ((ws.FP8_API, "x_fp8_api"), (RS, "x_rs"), (CONV, "x_conv")):
+        for ref, key in ((ws.FP8_API, "x_fp8_api"), (RS, "x_rs"), (WG1, "x_wg1"), (CONV, "x_conv")):
             if name in times and ref in times:
                 rec[key] = times[ref] / times[name]
         if name == WIDE and name in times:
@@ -96,7 +97,7 @@ def run_case(wname: str, n: int, k: int, tpe: int, g: int, dev: str, rep: int, f
 def _line(r: dict) -> str:
     if "error" in r:
         return ws._line(r)
-    extra = "".join(f" {key}={r[key]:.3f}" for key in ("x_rs", "x_conv") if key in r)
+    extra = "".join(f" {key}={r[key]:.3f}" for key in ("x_rs", "x_wg1", "x_conv") if key in r)
     extra += "".join(f" {key}={r[key]}" for key in ("bit_equal_vs_conv", "kernel_ran") if key in r)
     extra += f" diff_vs_rs={r['diff_vs_rs']:.1e} prep_ms={r['prep_ms']:.0f}" if "diff_vs_rs" in r else ""
     return (f"{r['weights']} tpe={r['tpe']} {r['impl']:>17}: {r['median_us']:9.1f} us {r['tflops']:7.1f} TFLOPS "
@@ -106,12 +107,13 @@ def _line(r: dict) -> str:
 def table(path: str) -> str:
     """Markdown table of a saved run."""
     recs = json.load(open(path))["records"]  # noqa: SIM115
-    rows = ["| weights | tpe | impl | us | TFLOPS | x FP8 API | x rs | x conv | bit-equal conv |", "|---" * 9 + "|"]
+    head = "| weights | tpe | impl | us | TFLOPS | x FP8 API | x rs | x wg1 | x conv | bit-equal conv |"
+    rows = [head, "|---" * 10 + "|"]
     for r in recs:
         if "error" in r:
-            rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | | | |")
+            rows.append(f"| {r['weights']} | {r['tpe']} | {r['impl']} | error: {r['error'][:60]} | | | | | | |")
             continue
-        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_rs", "x_conv"))
+        xs = " | ".join(f"{r[key]:.2f}" if key in r else "" for key in ("x_fp8_api", "x_rs", "x_wg1", "x_conv"))
         head = f"| {r['weights']} | {r['tpe']} | {r['impl']} | {r['median_us']:.1f} | {r['tflops']:.1f}"
         rows.append(f"{head} | {xs} | {r.get('bit_equal_vs_conv', '')} |")
     return "\n".join(rows)

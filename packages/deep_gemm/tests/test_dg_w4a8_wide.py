@@ -78,7 +78,7 @@ def test_not_lossless(byte: int, row: int) -> None:
         (torch.zeros(1, 256, 32, dtype=torch.uint8), torch.zeros(1, 256, 2, dtype=torch.uint8), "k % 128"),
         (torch.zeros(256, 64, dtype=torch.uint8), torch.zeros(256, 4, dtype=torch.uint8), "packed: expected"),
         (torch.zeros(1, 256, 64, dtype=torch.float32), torch.zeros(1, 256, 4, dtype=torch.uint8), "packed: expected"),
-        (torch.zeros(1, 256, 64, dtype=torch.uint8), torch.zeros(1, 256, 3, dtype=torch.uint8), "scales: expected shape"),
+        (torch.zeros(1, 256, 64, dtype=torch.uint8), torch.zeros(1, 256, 3, dtype=torch.uint8), "scales: expected sh"),
         (torch.zeros(1, 256, 64, dtype=torch.uint8), torch.zeros(1, 256, 4), "scales: expected uint8"),
     ],
 )  # fmt: skip
@@ -219,7 +219,7 @@ def test_gpu_api_routes_prepared_weights() -> None:
 @pytest.mark.gpu
 @needs_kernel
 def test_gpu_cuda_graph_replay() -> None:
-    """Captured once, replayed on new activations: the same as an eager call (tensor map and chunks by value/pointer)."""
+    """Captured once, replayed on new activations: equal to an eager call (tensor map by value, chunks by pointer)."""
     a, sfa, w, offs = _gpu_case([130, 0, 256], 256, 256, 5, extra=0)
     out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16, device="cuda")
     ww.m_grouped_fp8_fp4_gemm_nt_offsets_wide(a, sfa, w, offs, out)  # warm-up (opt-in outside the capture)

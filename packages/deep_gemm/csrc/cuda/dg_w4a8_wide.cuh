@@ -23,9 +23,12 @@
 //     completing on raw_full[r]; the A box by TMA and the scales by cp.async as fp8_wide (wide_load_tma without B).
 //   - all 128 threads: wait raw_full[r], convert the slot into stage s's B tile (thread t: rows 32 i + t / 4, group
 //     t % 4: one 16-byte load of 32 codes -> two swizzled 16-byte stores of e4m3, four groups per batch; a quarter
-//     warp covers 8 distinct bank groups), fence.proxy.async (generic stores -> the wgmma's async-proxy reads), producer barrier, then
-//     thread 0 arrives on full[s] and reloads raw slot r with chunk lp + 3.
-//   full[s] expects 128 cp.async .noinc arrivals (A scales) + thread 0's expect_tx + thread 0's conversion arrival.
+//     warp covers 8 distinct bank groups), fence.proxy.async (generic stores -> the wgmma's async-proxy reads),
+//     arrive on full[s] and on raw_empty[r]; thread 0 then refills the slot of step lp - 1 with chunk lp + 3 once
+//     raw_empty says every thread read it (no producer-wide barrier: session 13's ncu put 14 % of the producer's
+//     stalls on one).
+//   full[s] expects 128 cp.async .noinc arrivals (A scales) + thread 0's expect_tx + 128 conversion arrivals.
+//   At most kW4MaxGroups = 1024 groups (its smaller prefix leaves room for 4 raw slots).
 // Code word (8 codes k0..k7 of one row): nibble j (bits 4j..4j+3) = magnitude bits of k_j in bits 0..2 and, in bit 3,
 // the sign of k_(j-1)/2 for odd j and of k_(4 + j/2) for even j. Then e4m3 bytes k0..k3 = prmt(T, w & 0x7777) | (w &
 // 0x80808080) and k4..k7 = prmt(T, (w & 0x77777777) >> 16) | ((w << 4) & 0x80808080), T = the 8 magnitude bytes of
