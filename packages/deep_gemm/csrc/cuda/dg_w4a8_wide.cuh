@@ -181,8 +181,9 @@ __device__ void w4_producer(const DbParams& p, uint8_t* smem, const int* prefix,
 
 // The W4A8 wide kernel: map_a = A [m, k] (box [128, 128], 128-byte swizzle; dg_fp8_db.cu), p.b = the chunks, p.sfb =
 // the block scales [g, n / 128, k / 128]. n % 256 == 0. Registers 56 / 224 (fp8_wide_kernel: 40 / 232): the
-// batched conversion (w4_convert) spills at 40; the consumers' acc[128] + t[64] fit in 224 without spills.
-__global__ void __launch_bounds__(kThreads, 1)
+// batched conversion (w4_convert) spills at 40; the consumers' acc[128] + t[64] fit in 224 without spills. static: a
+// header kernel (tests/test_csrc_headers.py).
+static __global__ void __launch_bounds__(kThreads, 1)
     w4a8_wide_kernel(const DbParams p, const __grid_constant__ CUtensorMap map_a) {
   using L = WideLayout<kW4Stages>;
   static_assert(L::kStage % 1024 == 0 && L::kB % 1024 == 0, "128-byte swizzle: 1 KiB aligned tiles");
