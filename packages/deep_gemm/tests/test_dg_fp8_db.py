@@ -309,6 +309,16 @@ def test_gpu_built_variants() -> None:
     assert db.compiled_variants() == want, f"rebuild _C: built {db.compiled_variants()}, source {want}"
 
 
+def _dense_run(m: int, n: int, k: int, seed: int, **kw: object) -> tuple[tuple, torch.Tensor]:
+    """One-group operands (a, sfa, b [1, n, k], sfb [1, ...]) on the GPU and fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out,
+    **kw)'s out, synchronised."""
+    a, sfa, b, sfb, _ = _ops([m], n, k, seed, "cuda", extra=0)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, **kw)
+    torch.cuda.synchronize()
+    return (a, sfa, b, sfb), out
+
+
 def _assert_dense_replay(ops: tuple, want: torch.Tensor, kw: dict, what: str) -> None:
     """fp8_gemm_nt_db(*ops, out, **kw) captured in a CUDA graph and replayed into a NaN-filled out == want, bit for bit
     (the tensor maps are kernel parameters: the capture keeps them)."""
@@ -326,10 +336,7 @@ def _assert_dense_replay(ops: tuple, want: torch.Tensor, kw: dict, what: str) ->
 def test_gpu_tma_dense_and_graph() -> None:
     """Dense entry point with tma=True (one group) and a CUDA-graph replay (the maps are kernel parameters)."""
     m, n, k = 333, 256, 512
-    a, sfa, b, sfb, _ = _ops([m], n, k, 77, "cuda", extra=0)
-    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, tma=True)
-    torch.cuda.synchronize()
+    (a, sfa, b, sfb), out = _dense_run(m, n, k, 77, tma=True)
     _assert_bits(out, _run((a, sfa, b, sfb, torch.tensor([m], dtype=torch.int32, device="cuda"))), "dense tma")
     _assert_dense_replay((a, sfa, b[0], sfb[0]), out, {"tma": True}, "graph replay tma")
 
@@ -423,10 +430,7 @@ def test_gpu_wide_bit_equal_t4(
 def test_gpu_wide_dense_and_graph() -> None:
     """Dense entry point with wide=True (default stages) == fp8_db_t4, and a CUDA-graph replay of it."""
     m, n, k = 333, 512, 512
-    a, sfa, b, sfb, _ = _ops([m], n, k, 78, "cuda", extra=0)
-    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], out, wide=True)
-    torch.cuda.synchronize()
+    (a, sfa, b, sfb), out = _dense_run(m, n, k, 78, wide=True)
     want = torch.empty_like(out)
     db.fp8_gemm_nt_db(a, sfa, b[0], sfb[0], want, stages=4, tma=True)
     torch.cuda.synchronize()

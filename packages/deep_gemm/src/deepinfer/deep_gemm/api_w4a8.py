@@ -103,14 +103,13 @@ def m_grouped_fp8_fp4_gemm_nt_offsets(
     if out is not None:
         check_tensor("out", out, (torch.bfloat16,), [m, n])
     check_same_device(a=values, sfa=sfa, packed=packed, scales=scales, offs=offs, out=out)
-    rows_per_group(m, g, expected_m)  # validates the hint on every path
+    rows = rows_per_group(m, g, expected_m)  # also validates the hint on every path
     if config is not None and not isinstance(config, W4A8Config):
         raise TypeError(f"config: expected a W4A8Config or None, got {type(config).__name__}")
     if config is not None and k % (128 * config.split_k):
         raise ValueError(f"config.split_k: expected 128 * split_k to divide K={k}, got {config.split_k}")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=values.device)
-    rows = rows_per_group(m, g, expected_m)
     if prepared is not None and values.is_cuda and config is None and _wide_wanted(impl, rows):
         from .backends.cuda import cuda_w4a8_wide as ww
 

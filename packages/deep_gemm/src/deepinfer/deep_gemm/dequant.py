@@ -13,6 +13,7 @@ __all__ = [
     "scales_to_float",
     "dequant_fp8_act",
     "dequant_fp8_weight",
+    "fp4_codes",
     "unpack_fp4",
     "dequant_fp4_weight",
     "dequant_weight",
@@ -57,6 +58,13 @@ def dequant_fp8_weight(b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
     return b.to(torch.float32) * sf
 
 
+def fp4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """int8 / uint8 [..., k/2] (byte j: element 2j in the LOW nibble, 2j+1 in the high one) -> uint8 codes [..., k]
+    (0..15, bit 3 the sign). A bit view first: int8 shifts would sign-extend the high nibble."""
+    u = packed.view(torch.uint8)
+    return torch.stack((u & 0x0F, u >> 4), dim=-1).flatten(-2)
+
+
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """Unpack e2m1 codes stored two per byte.
 
@@ -65,8 +73,7 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """
     if packed.dtype not in (torch.int8, torch.uint8):
         raise TypeError(f"packed: expected int8 or uint8 packed FP4 codes, got {packed.dtype}")
-    u = packed.view(torch.uint8)  # a bit view: int8 shifts would sign-extend the high nibble
-    codes = torch.stack((u & 0x0F, u >> 4), dim=-1).flatten(-2).long()
+    codes = fp4_codes(packed).long()
     table = torch.tensor(FP4_E2M1_VALUES, dtype=torch.float32, device=packed.device)
     return table[codes]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...dequant import FP4_E2M1_VALUES
+from ...dequant import FP4_E2M1_VALUES, fp4_codes
 from ...reference_w4a16 import group_bounds
 from ._core import Unsupported, npu_op, on_npu, require
 
@@ -48,8 +48,7 @@ def _fp4_weight_kn(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Ten
     packed: int8/uint8 [n, k/2] (low nibble = element 2j); scale_bytes: uint8 [n, k/32], E8M0 2^(byte-127), 255 =
     NaN. Decoded from the raw bytes with uint8 / fp32 ops only (no float8 dtype kernels needed on the NPU).
     """
-    u = packed.view(torch.uint8)
-    codes = torch.stack((u & 0x0F, u >> 4), dim=-1).flatten(-2).long()
+    codes = fp4_codes(packed).long()
     table = torch.tensor(FP4_E2M1_VALUES, dtype=torch.float32, device=packed.device)
     e = scale_bytes.float()
     scale = torch.where(scale_bytes == 255, float("nan"), torch.exp2(e - 127.0))

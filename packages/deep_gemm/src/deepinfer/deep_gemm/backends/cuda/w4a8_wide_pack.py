@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...dequant import dequant_fp4_weight
+from ...dequant import dequant_fp4_weight, fp4_codes
 
 __all__ = ["CHUNK_BYTES", "MAX_SHIFT", "TILE_N", "W4A8WideWeights", "dequant_w4a8_wide", "e4m3_operand",
            "prepare_w4a8_wide", "reference_dequant"]
@@ -59,12 +59,6 @@ class W4A8WideWeights:
         """(g, n, k) of the weight."""
         g, n, kh = self.packed.shape
         return g, n, 2 * kh
-
-
-def _codes(packed: torch.Tensor) -> torch.Tensor:
-    """int8/uint8 [..., k / 2] (low nibble = element 2j) -> uint8 codes [..., k]."""
-    u = packed.view(torch.uint8)
-    return torch.stack((u & 0x0F, u >> 4), dim=-1).flatten(-2)
 
 
 def _check_operands(packed: torch.Tensor, scales: torch.Tensor) -> tuple[int, int, int]:
@@ -126,15 +120,15 @@ def prepare_w4a8_wide(packed: torch.Tensor, scales: torch.Tensor) -> W4A8WideWei
     dev = packed.device
     chunks = torch.empty(g, n // TILE_N, k // BK, CHUNK_BYTES, dtype=torch.uint8, device=dev)
     sfb = torch.empty(g, n // 128, k // BK, dtype=torch.float32, device=dev)
-    lossless = True
+    bad = torch.zeros((), dtype=torch.bool, device=dev)
     for i in range(g):  # one group at a time: the int32 intermediates are ~16x the packed bytes
-        codes = _codes(packed[i : i + 1])
+        codes = fp4_codes(packed[i : i + 1])
         s = scales[i : i + 1].view(torch.uint8).to(torch.int32)
         e, d = _block_exponents(codes, s)
-        lossless = lossless and bool((d <= MAX_SHIFT).all()) and not bool((s == 255).any())
+        bad |= (d > MAX_SHIFT).any() | (s == 255).any()  # read once, after the loop (no sync per group)
         sfb[i] = torch.ldexp(torch.ones_like(e[0], dtype=torch.float32), (e[0] - 133).to(torch.float32))
         chunks[i] = _chunk(_permute_words(codes), d.clamp(0, MAX_SHIFT))[0]  # (not lossless: never run)
-    return W4A8WideWeights(chunks=chunks, sfb=sfb, lossless=lossless, packed=packed, scales=scales)
+    return W4A8WideWeights(chunks=chunks, sfb=sfb, lossless=not bool(bad), packed=packed, scales=scales)
 
 
 def _lut(device: torch.device) -> torch.Tensor:
