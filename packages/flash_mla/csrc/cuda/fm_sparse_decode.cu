@@ -150,14 +150,18 @@ template <bool FP8>
 __device__ __forceinline__ void issue_tile(uint8_t* smem, int stage, const uint64_t* rows, const uint8_t* dummy,
                                            int tid) {
   if constexpr (!FP8) {
-    uint32_t base = smem_u32(smem + Smem::kv + stage * kTile);
-    int c = tid & 63;
+    // warp W, lane group g = lane / 8, e = lane % 8: chunks 8 k + e of rows 4 W + g + 32 i (4 rows x 128 bytes per
+    // warp instruction: fm_ws3_decode.cu's issue_bf16_tile says why)
+    const uint32_t base = smem_u32(smem + Smem::kv + stage * kTile);
+    const int e = tid & 7, r0 = 4 * (tid >> 5) + ((tid >> 3) & 3);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      int r = (tid >> 6) + 4 * i;
+    for (int i = 0; i < 2; ++i) {
+      const int r = r0 + 32 * i;
       const uint64_t row = rows[r];
-      const uint8_t* src = row ? reinterpret_cast<const uint8_t*>(row) + c * 16 : dummy;
-      cp_async16(base + swz(r, c, kBN), src, row != 0);
+      const uint8_t* src = row ? reinterpret_cast<const uint8_t*>(row) + e * 16 : dummy;
+      const uint32_t d = base + swz(r, e, kBN);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) cp_async16(d + k * kBN * 128, row ? src + 128 * k : dummy, row != 0);
     }
   } else {
     uint32_t base = smem_u32(smem + Smem::raw(true) + stage * kFp8Stage);

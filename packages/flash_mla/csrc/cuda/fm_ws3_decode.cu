@@ -336,17 +336,23 @@ __device__ __forceinline__ uint4 dequant8(uint2 b, float s) {
 
 // ------------------------------------------------------------------------------------------------ producers
 
-// BF16 rows: thread t (of 128) copies 16-byte chunk t % 64 of rows t / 64 + 2 i (holes zero-filled, never read).
+// BF16 rows (holes zero-filled, never read): producer warp W, lane group g = lane / 8, e = lane % 8 copies 16-byte
+// chunks 8 k + e (k = 0..7) of rows 4 W + g + 16 i (i = 0..3): each warp instruction moves 4 rows x 128 bytes (4
+// consecutive 128-byte rows of one sub-tile), and a thread looks up 4 row ids per tile, not 32. Session 14's gather
+// microbenchmark (benchmarks/micro/fm_gather_ceiling.cu, H200, no consumers): 10.5 TB/s from L2 and 4.57 from HBM,
+// against 7.3 / 3.3 for the mapping before (chunk t % 64 of rows t / 64 + 2 i: one row's 512 bytes per instruction).
 template <bool EXTRA>
 __device__ __forceinline__ void issue_bf16_tile(uint8_t* stage, const int* rows, const Src<EXTRA>& src, int t) {
   const uint32_t base = smem_u32(stage);
-  const int c = t & 63;
-#pragma unroll 8
-  for (int i = 0; i < kBN / 2; ++i) {
-    const int r = (t >> 6) + 2 * i;
+  const int e = t & 7, r0 = 4 * (t >> 5) + ((t >> 3) & 3);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = r0 + 16 * i;
     const int row = rows[r];
-    const uint8_t* g = src.at(row < 0 ? 0 : row) + c * 16;
-    cp_async16(base + swz(r, c, kBN), g, row >= 0);
+    const uint8_t* g = src.at(row < 0 ? 0 : row) + e * 16;
+    const uint32_t d = base + swz(r, e, kBN);  // chunk 8 k + e: + k sub-tiles (the swizzle phase is r % 8 for all k)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cp_async16(d + k * kBN * 128, g + 128 * k, row >= 0);
   }
 }
 
