@@ -15,6 +15,8 @@ Targets (V4-Flash shapes, random data; two warm-up calls each, then the profiled
   w4a8_wide   deep_gemm W4A8 wide kernel (session 13: prepared FP4 chunks converted by the producer warpgroup, fp8_wide's
               consumers), same shape
   fm_b2       flash_mla public sparse_attn_decode, FP8 cache, b 2 x s_q 2, topk 640 (the "no slower at b = 2" goal)
+  fm_fp8_api  flash_mla public sparse_attn_decode, FP8 cache, b 128 x s_q 2, topk 640 (the 1.2x goal's case)
+  fm_bf16_api the same on the BF16 cache
   fm_hca1     flash_mla public sparse_attn_decode, BF16 cache, b 1 x s_q 1, HCA at 1M context (128 window + 8,192
               compressed rows): the split kernel and its merge (the 3 TB/s goal's case)
 """
@@ -121,6 +123,8 @@ TARGETS: dict[str, Callable[[], Callable[[], object]]] = {
     "fm_bf16": lambda: _attn("bf16", "ws3p1l", False),
     "fm_prefill": lambda: _attn("bf16", None, True),
     "fm_b2": lambda: _attn("fp8", "api", False, b=2),
+    "fm_fp8_api": lambda: _attn("fp8", "api", False),
+    "fm_bf16_api": lambda: _attn("bf16", "api", False),
     "fm_hca1": _hca1,
 }
 

@@ -89,6 +89,10 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, 
   d |= (uint64_t)1 << 62;
   return d;
 }
+// gmma_desc(addr + off, ...) from d = gmma_desc(addr, ...): one 64-bit add (fm_ws3_decode.cu's desc_at says why).
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t off) {
+  return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));  // 32-bit add: no carry chain
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -456,11 +460,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t kv_base = smem_u32(smem + Smem::kv + (FP8 ? 0 : st * kTile));
     reg_fence<16>(s);
     wg_arrive();
+    const uint64_t dq = gmma_desc(q_base, 16, 1024), dk = gmma_desc(kv_base + wg * 32 * 128, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < 32; ++ks) {
       const uint32_t koff = (ks >> 2) * kSub + (ks & 3) * 32;  // sub-tile, then 16 dims = 32 B inside the row
-      wgmma_m64n32k16_kk(s, gmma_desc(q_base + koff, 16, 1024), gmma_desc(kv_base + koff + wg * 32 * 128, 16, 1024),
-                         1);
+      wgmma_m64n32k16_kk(s, desc_at(dq, koff), desc_at(dk, koff), 1);
     }
     wg_commit();
     wg_wait0();
@@ -531,11 +535,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t p_base = smem_u32(p_tile);
     reg_fence<128>(acc);
     wg_arrive();
+    const uint64_t dp = gmma_desc(p_base, 16, 1024), dv = gmma_desc(kv_base + 4 * wg * kSub, kSub, 1024);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      wgmma_m64n256k16_tb(acc, gmma_desc(p_base + ks * 32, 16, 1024),
-                          gmma_desc(kv_base + 4 * wg * kSub + ks * 16 * 128, kSub, 1024), 1);
-    }
+    for (int ks = 0; ks < 4; ++ks) wgmma_m64n256k16_tb(acc, desc_at(dp, ks * 32), desc_at(dv, ks * 16 * 128), 1);
     wg_commit();
     wg_wait0();
     reg_fence<128>(acc);

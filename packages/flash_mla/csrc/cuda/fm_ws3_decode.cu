@@ -205,6 +205,14 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
   return d;
 }
 
+// gmma_desc(addr + off, lbo, sbo) from d = gmma_desc(addr, lbo, sbo): shared addresses stay below 256 KiB, so the
+// start-address field (addr >> 4, bits 0..13) never carries and the descriptor moves by off >> 4. Why (session 14
+// profile of the prefill default): computing every wgmma's two descriptors from scratch cost ~10 uniform-datapath
+// instructions per wgmma, ~35 % of the scoring warpgroup's ~1,210 instructions per tile; one 64-bit add each instead.
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t off) {
+  return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));  // 32-bit add: no carry chain
+}
+
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
@@ -612,31 +620,30 @@ __device__ __forceinline__ void producer(uint8_t* smem, const uint8_t* kv_base, 
 // S_w [64 heads x 32 keys] = Q [64, 512] K[32 w .. 32 w + 31, 512]^T: 32 x m64n32k16 (16 fp32 per thread). Not
 // committed.
 __device__ __forceinline__ void issue_scores(float* s, uint32_t q_base, uint32_t kv_base, int wg) {
+  const uint64_t dq = gmma_desc(q_base, 16, 1024), dk = gmma_desc(kv_base + wg * 32 * 128, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < 32; ++ks) {
     const uint32_t koff = (ks >> 2) * kSub + (ks & 3) * 32;  // sub-tile, then 16 dims = 32 B inside the row
-    ws_wgmma_m64n32k16_ss(s, gmma_desc(q_base + koff, 16, 1024), gmma_desc(kv_base + koff + wg * 32 * 128, 16, 1024),
-                          ks > 0 ? 1 : 0);
+    ws_wgmma_m64n32k16_ss(s, desc_at(dq, koff), desc_at(dk, koff), ks > 0 ? 1 : 0);
   }
 }
 
 // O_w += P [64 x 64 keys] (smem, K-major) V [64 keys, dims 256 w .. +255] (MN-major: 4 sub-tiles at LBO). Not
 // committed.
 __device__ __forceinline__ void issue_pv(float* acc, uint32_t p_base, uint32_t kv_base, int wg) {
+  const uint64_t dp = gmma_desc(p_base, 16, 1024), dv = gmma_desc(kv_base + 4 * wg * kSub, kSub, 1024);
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    ws3_wgmma_m64n256k16_ss_tb(acc, gmma_desc(p_base + ks * 32, 16, 1024),
-                               gmma_desc(kv_base + 4 * wg * kSub + ks * 16 * 128, kSub, 1024), 1);
-  }
+  for (int ks = 0; ks < 4; ++ks) ws3_wgmma_m64n256k16_ss_tb(acc, desc_at(dp, ks * 32), desc_at(dv, ks * 16 * 128), 1);
 }
 
 // kOptOneScorer: S [64 heads x 64 keys] = Q [64, 512] K[0 .. 63, 512]^T by one warpgroup: 32 x m64n64k16 (32 fp32 per
 // thread). Not committed.
 __device__ __forceinline__ void issue_scores64(float* s, uint32_t q_base, uint32_t kv_base) {
+  const uint64_t dq = gmma_desc(q_base, 16, 1024), dk = gmma_desc(kv_base, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < 32; ++ks) {
     const uint32_t koff = (ks >> 2) * kSub + (ks & 3) * 32;  // sub-tile, then 16 dims = 32 B inside the row
-    ws3_wgmma_m64n64k16_ss(s, gmma_desc(q_base + koff, 16, 1024), gmma_desc(kv_base + koff, 16, 1024), ks > 0 ? 1 : 0);
+    ws3_wgmma_m64n64k16_ss(s, desc_at(dq, koff), desc_at(dk, koff), ks > 0 ? 1 : 0);
   }
 }
 
