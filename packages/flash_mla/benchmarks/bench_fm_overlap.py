@@ -8,6 +8,7 @@ removed; benchmarks/results/2026-12-01-s10-bench-fm_overlap.json keeps their row
     python packages/flash_mla/benchmarks/bench_fm_overlap.py --smoke             # CPU: stand-in rows (reference)
     python packages/flash_mla/benchmarks/bench_fm_overlap.py --table RESULT.json # markdown table
     python packages/flash_mla/benchmarks/bench_fm_overlap.py --vw --out R.json   # session 11: ws3p1voa vs ws3p1voaw
+    python packages/flash_mla/benchmarks/bench_fm_overlap.py --thresh --out R.json  # session 14: defaults vs ws3p1oat
 
 Cases: decode b 32 / 64 / 128 / 256 x s_q 2 and b 128 x s_q 1 (64 heads, topk 640 = a 128-row window + 512 of 16,384
 compressed rows: bench_flash_mla.decode_indices, ~3 % holes), prefill t 4,096 and 16,384 (bench_flash_mla.
@@ -41,6 +42,9 @@ SCALE = D**-0.5
 ROWS = {"bf16": ("ws3p1l", "ws3p1oa"), "fp8": ("ws3p1v", "ws3p1voa")}
 # --vw (session 11): the FP8 overlap build against its kOptVecWide twin (12 producer rows in flight; same bits)
 ROWS_VW = {"fp8": ("ws3p1voa", "ws3p1voaw")}
+# --thresh (session 14): the defaults against the threshold-rescale build (same math, other rounding: bit_equal_base
+# is expected False there)
+ROWS_THRESH = {"bf16": ("ws3p1oa", "ws3p1oat"), "fp8": ("ws3p1voaw", "ws3p1oat")}
 FLASHMLA_TFLOPS = {128: 230.0, 64: 218.0, 256: 243.0}  # DeepSeek FlashMLA, same H200, FP8 decode s_q 2 (session 6)
 
 
@@ -217,13 +221,16 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the reference as a stand-in")
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a saved result and exit")
     ap.add_argument("--vw", action="store_true", help="FP8 cache: ws3p1voa against ws3p1voaw (kOptVecWide)")
+    ap.add_argument("--thresh", action="store_true", help="the defaults against ws3p1oat (kOptThresh)")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
         return 0
     if not args.smoke and not torch.cuda.is_available():
         ap.error("no CUDA device: only --smoke or --table run here")
-    recs = run(args.smoke, args.out, rows=ROWS_VW if args.vw else None, script="bench_fm_overlap --vw" if args.vw else None)
+    flag = "--vw" if args.vw else "--thresh" if args.thresh else ""
+    rows = {"--vw": ROWS_VW, "--thresh": ROWS_THRESH}.get(flag)
+    recs = run(args.smoke, args.out, rows=rows, script=f"bench_fm_overlap {flag}".strip())
     return 1 if args.smoke and any("error" in r for r in recs) else 0
 
 

@@ -98,6 +98,7 @@ def test_default_variant_prefers_ws3p1v_on_fp8(
     monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
     monkeypatch.setattr(_WS, "ws3p_ovl_available", lambda: ovl)
     monkeypatch.setattr(_WS, "ws3p_vw_available", lambda: False)  # (with it: ws3p1voaw from 64, test_mla_ws3_default)
+    monkeypatch.setattr(_WS, "ws3p_thresh_available", lambda: False)  # (session 14's ws3p1oat: the same file)
     monkeypatch.setattr(_WS, "ws3p_available", lambda: False)
     assert _WS.default_variant(127, False, fp8) == want
     big = ("ws3p1voa" if fp8 else "ws3p1oa") if ovl and opt else want

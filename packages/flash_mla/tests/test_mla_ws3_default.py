@@ -71,10 +71,18 @@ def compiled_present(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _c_has(
-    monkeypatch: pytest.MonkeyPatch, opt: bool, vec: bool, ovl: bool, ws3p: bool = True, vw: bool | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    opt: bool,
+    vec: bool,
+    ovl: bool,
+    ws3p: bool = True,
+    vw: bool | None = None,
+    thresh: bool = False,
 ) -> None:
     """Pretend `_C` has (or lacks) the ws3p family's builds: plain ws3p, the option builds, kOptVec, the overlap, the
-    FP8 kOptVecWide overlap build (vw; None: as ovl, i.e. a session-11 `_C` when it has the overlap builds)."""
+    FP8 kOptVecWide overlap build (vw; None: as ovl, i.e. a session-11 `_C` when it has the overlap builds), the
+    session-14 threshold builds (thresh; off unless asked: the older tables below model `_C`s before them)."""
+    monkeypatch.setattr(_WS, "ws3p_thresh_available", lambda: thresh)
     monkeypatch.setattr(_WS, "ws3p_available", lambda: ws3p)
     monkeypatch.setattr(_WS, "ws3p_opt_available", lambda: opt)
     monkeypatch.setattr(_WS, "ws3p_vec_available", lambda: vec)
@@ -132,6 +140,17 @@ def test_default_variant_overlap_from_128_tokens(fp8: bool, vw: bool, monkeypatc
     assert {t: _WS.default_variant(t, False, fp8) for t in want} == want
     assert _WS.default_variant(4096, True, fp8) == "ws3"  # the engine's extra-cache call: no ws3p form
     assert ovl in _WS.WS3P_OVL_OPTS and (vw and fp8 or base == _WS.WS3P_OVL_BASE[int(fp8)])  # names the wrapper runs
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_default_variant_thresh(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 14: a `_C` with the threshold builds runs "ws3p1oat" on an FP8 cache from 64 tokens (in place of
+    ws3p1voaw) and on BF16 from 128 (in place of ws3p1oa; ws3p1l at 64..127); ws3 below 64 and with an extra cache."""
+    _c_has(monkeypatch, opt=True, vec=True, ovl=True, vw=True, thresh=True)
+    mid = "ws3p1oat" if fp8 else "ws3p1l"
+    want = {32: "ws3", 63: "ws3", 64: mid, 127: mid, 128: "ws3p1oat", 4096: "ws3p1oat", 16384: "ws3p1oat"}
+    assert {t: _WS.default_variant(t, False, fp8) for t in want} == want
+    assert _WS.default_variant(4096, True, fp8) == "ws3"
 
 
 @pytest.mark.parametrize(("opt", "vec", "ovl", "ws3p", "want_bf16", "want_fp8"), [
@@ -468,6 +487,8 @@ def test_api_default_runs_overlap_gpu(form: str, b: int, s_q: int, fp8: bool, mo
     t = b * s_q
     fp8_build = "ws3p1voaw" if _WS.ws3p_vw_available() else "ws3p1voa"  # (session 11: the kOptVecWide build)
     want, base = (fp8_build, "ws3p1v") if fp8 else ("ws3p1oa", "ws3p1l")
+    thresh = _WS.ws3p_thresh_available()  # session 14: ws3p1oat, not bit-equal to the base (within the bound below)
+    want = "ws3p1oat" if thresh else want
     assert _WS.default_variant(t, False, fp8) == want
     ok, out = _WS.probe(variant=f"{base},{want}")
     if not ok:
@@ -481,7 +502,7 @@ def test_api_default_runs_overlap_gpu(form: str, b: int, s_q: int, fp8: bool, mo
     ic, sd = idx.cuda(), sink.cuda()
     ref_base = _WS.sparse_attn_ws(qd, used[0], ic, sd, SCALE, variant=base)
     torch.cuda.synchronize()
-    why = _bits_differ((o, lse), ref_base)
+    why = probe.mismatch(o, lse, *ref_base) if thresh else _bits_differ((o, lse), ref_base)
     assert why is None, f"{want} via the API != {base}: {why}"
     ro, rl = reference.sparse_attn(qd, used[0], ic, sd, SCALE)
     why = probe.mismatch(o, lse, ro, rl)

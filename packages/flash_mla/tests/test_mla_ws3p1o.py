@@ -125,7 +125,7 @@ def test_ws3p1o_instances_match_wrapper() -> None:
         assert gone not in src, gone
     assert "kOvlRegsWg0 = 240, kOvlRegsWg1 = 176" in src and "128 * 88 + 128 * kOvlRegsWg0" in src
     binding = (_SRC / "fm_ws_bindings.cpp").read_text()
-    assert '"sparse_decode_ws3p_ovl"' in binding and "fp8 ? (opt == 120 || opt == 632) : opt == 106" in binding
+    assert '"sparse_decode_ws3p_ovl"' in binding and "fp8 ? (opt == 120 || opt == 632 || opt == 1658)" in binding
     assert "int fm_ws3p_launch_ovl(" in (_SRC / "fm_ws3_decode.h").read_text()
 
 

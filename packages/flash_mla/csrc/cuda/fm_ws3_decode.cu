@@ -138,7 +138,8 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //     warp's 16 rows loaded before the stage wait (60 registers) instead of 8 (rows loaded after the release expose
 //     their latency once per tile); setmaxnreg 104 / 240 / 160 (16 rows spilled at 104 / 112). Same bits as 120.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
-              kOptOvlAdapt = 64, kOptVecWide = 512;
+              kOptOvlAdapt = 64, kOptVecWide = 512, kOptThresh = 1024;
+constexpr float kThreshLog2 = 8.f;  // kOptThresh: the running max moves when a tile's max passes it by more than 2^8
 
 enum Mode : int { kFull = 0, kProducerOnly = 1, kConsumerOnly = 2 };
 
@@ -650,6 +651,7 @@ __device__ __forceinline__ void issue_scores64(float* s, uint32_t q_base, uint32
 // kOptOneScorer: online softmax update of one tile (base 2) over all 64 keys by warpgroup 0 (thread holds s[4 j +
 // {0,1}] at (r0, 8 j + 2 (lane % 4) + {0,1}) and s[4 j + {2,3}] at row r0 + 8, j = 0..7). No exchange: writes P
 // (bf16, all 64 columns), and alpha / the new running max of its rows into xr[0 .. 63] / xr[64 .. 127] for warpgroup 1.
+template <bool THRESH = false>
 __device__ __forceinline__ void softmax_tile64(float* s, float* alpha, float* m_run, float* l_run, const int* rows_t,
                                                float* xr, uint8_t* p_tile, int r0, int lane, float qk_scale) {
   float mx[2] = {-INFINITY, -INFINITY};
@@ -658,8 +660,9 @@ __device__ __forceinline__ void softmax_tile64(float* s, float* alpha, float* m_
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const bool ok = rows_t[8 * j + 2 * (lane & 3) + e] >= 0;
-      s[4 * j + e] = ok ? s[4 * j + e] * qk_scale : -INFINITY;
-      s[4 * j + 2 + e] = ok ? s[4 * j + 2 + e] * qk_scale : -INFINITY;
+      // THRESH: raw scores (the scale is folded into exp2's FFMA below; max commutes with a positive scale)
+      s[4 * j + e] = ok ? (THRESH ? s[4 * j + e] : s[4 * j + e] * qk_scale) : -INFINITY;
+      s[4 * j + 2 + e] = ok ? (THRESH ? s[4 * j + 2 + e] : s[4 * j + 2 + e] * qk_scale) : -INFINITY;
       mx[0] = fmaxf(mx[0], s[4 * j + e]);
       mx[1] = fmaxf(mx[1], s[4 * j + 2 + e]);
     }
@@ -668,7 +671,10 @@ __device__ __forceinline__ void softmax_tile64(float* s, float* alpha, float* m_
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-    const float m_new = fmaxf(m_run[h], mx[h]);
+    if constexpr (THRESH) mx[h] *= qk_scale;
+    // THRESH: the running max moves only when the tile's max passes it by more than kThreshLog2 (P <= 2^8 in between;
+    // alpha == 1 exactly otherwise, so the lazy O rescale skips the warp)
+    const float m_new = THRESH ? (mx[h] > m_run[h] + kThreshLog2 ? mx[h] : m_run[h]) : fmaxf(m_run[h], mx[h]);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing valid yet: any finite shift works
     alpha[h] = exp2f(m_run[h] - m_use);
     l_run[h] *= alpha[h];
@@ -686,7 +692,9 @@ __device__ __forceinline__ void softmax_tile64(float* s, float* alpha, float* m_
     const int col = 8 * j + 2 * (lane & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float p0 = exp2f(s[4 * j + 2 * h] - mx[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - mx[h]);
+      const float a0 = s[4 * j + 2 * h], a1 = s[4 * j + 2 * h + 1];
+      const float p0 = exp2f(THRESH ? fmaf(a0, qk_scale, -mx[h]) : a0 - mx[h]);
+      const float p1 = exp2f(THRESH ? fmaf(a1, qk_scale, -mx[h]) : a1 - mx[h]);
       l_run[h] += p0 + p1;
       const int r = r0 + 8 * h;
       const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
@@ -1244,11 +1252,11 @@ __device__ __forceinline__ void lazy_rescale(float* acc, const float* alpha) {
 
 // Warpgroup 0 of the one-scorer loops, S_g complete in s: softmax_g (P_g, alpha_g, m_g into shared memory), its O half
 // rescaled, then P_g / alpha_g / m_g published to warpgroup 1 (named barrier).
-template <bool LAZY>
+template <bool LAZY, bool THRESH = false>
 __device__ __forceinline__ void wg0_softmax_publish(float* s, float* acc, float* alpha, float* m_run, float* l_run,
                                                     const int* s_rows, float* xr, uint8_t* p_tile, int r0, int lane,
                                                     float qk_scale) {
-  softmax_tile64(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, qk_scale);
+  softmax_tile64<THRESH>(s, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, qk_scale);
   lazy_rescale<LAZY>(acc, alpha);
   fence_async_smem();                    // P (generic stores) -> wgmma (async proxy)
   named_bar(kBarConsumers, kConsumers);  // P_g, alpha_g, m_g published
@@ -1347,7 +1355,7 @@ __device__ __forceinline__ bool tile_landed_wg0(uint32_t bar_full, uint32_t gn) 
   return wg_all<kBarWg0>(mbar_test(bar_full + 8 * (gn % kStages), (gn / kStages) & 1));
 }
 
-template <bool LAZY, int WG>
+template <bool LAZY, int WG, bool THRESH = false>
 __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16* q, const float* sink,
                                              __nv_bfloat16* out, float* lse, float* part_o, float* part_lse,
                                              const Params& p, int64_t items, int tid, uint32_t bar_full,
@@ -1387,7 +1395,7 @@ __device__ __forceinline__ void consumer_p1o(uint8_t* smem, const __nv_bfloat16*
         }
         if (more) pre = tile_landed_wg0(bar_full, g + 1);
         if (pre) issue_next_scores(sn, q_base, ring_base, bar_full, g + 1);
-        wg0_softmax_publish<LAZY>(s, acc, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
+        wg0_softmax_publish<LAZY, THRESH>(s, acc, alpha, m_run, l_run, s_rows, xr, p_tile, r0, lane, p.qk_scale);
       } else {
         wg1_take_alpha<LAZY>(acc, alpha, m_run, xr, r0);
       }
@@ -1458,13 +1466,14 @@ __global__ void __launch_bounds__(Cfg<FP8>::kThreads, 1)
   } else if constexpr ((OPT & kOptOverlap) != 0) {
     static_assert((OPT & kOptOneScorer) != 0 && (OPT & (kOptEarlyS | kOptWideFp8)) == 0, "kOptOverlap: ws3p1 only");
     static_assert((OPT & kOptOvlAdapt) != 0, "kOptOverlap: the adaptive form only (the blocking one was removed)");
-    constexpr bool kLazy = (OPT & kOptLazy) != 0;
+    constexpr bool kLazy = (OPT & kOptLazy) != 0, kThresh = (OPT & kOptThresh) != 0;
+    static_assert(!kThresh || kLazy, "kOptThresh: with kOptLazy (its alpha == 1 tiles are what the lazy skip skips)");
     if (tid < 128) {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kVw ? kVwRegsWg0 : kOvlRegsWg0));
-      consumer_p1o<kLazy, 0>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+      consumer_p1o<kLazy, 0, kThresh>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kVw ? kVwRegsWg1 : kOvlRegsWg1));
-      consumer_p1o<kLazy, 1>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
+      consumer_p1o<kLazy, 1, kThresh>(smem, q, sink, out, lse, part_o, part_lse, p, items, tid, bar_full, bar_empty);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
@@ -1546,11 +1555,13 @@ static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaSt
     switch (opt) {
       case 120: return launch_persist<true, 120>(a, max_ctas, s);
       case 632: return launch_persist<true, 632>(a, max_ctas, s);  // + kOptVecWide (session 11)
+      case 1658: return launch_persist<true, 1658>(a, max_ctas, s);  // + kOptLazy + kOptThresh (session 14)
       default: return (int)cudaErrorInvalidValue;
     }
   } else {
     switch (opt) {
       case 106: return launch_persist<false, 106>(a, max_ctas, s);
+      case 1130: return launch_persist<false, 1130>(a, max_ctas, s);  // + kOptThresh (session 14)
       default: return (int)cudaErrorInvalidValue;
     }
   }

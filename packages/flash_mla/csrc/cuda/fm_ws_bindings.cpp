@@ -136,9 +136,11 @@ static void sparse_decode_ws3p_vec(WS3P_ARGS) {
 // ws3p's adaptive overlap builds (fm_ws3p_launch_ovl, session 10, fm_ws3_decode.cu consumer_p1o):
 // sparse_decode_ws3p_opt's arguments; opt BF16 106 (ws3p1l + adaptive overlap), FP8 120 (ws3p1v + the same).
 static void sparse_decode_ws3p_ovl(WS3P_ARGS) {
-  const bool ok = fp8 ? (opt == 120 || opt == 632) : opt == 106;  // (632: + kOptVecWide, session 11)
-  const std::string bad = ok ? "" : "opt must be 106 (BF16) or 120 / 632 (FP8), got " + std::to_string(opt) +
-                                        (fp8 ? " with fp8" : " with bf16");
+  // (632: + kOptVecWide, session 11; 1130 / 1658: + kOptThresh (FP8: and kOptLazy), session 14)
+  const bool ok = fp8 ? (opt == 120 || opt == 632 || opt == 1658) : (opt == 106 || opt == 1130);
+  const std::string bad = ok ? ""
+                              : "opt must be 106 / 1130 (BF16) or 120 / 632 / 1658 (FP8), got " + std::to_string(opt) +
+                                    (fp8 ? " with fp8" : " with bf16");
   ws3p_run("sparse_decode_ws3p_ovl", fm_ws3p_launch_ovl, bad, WS3P_FORWARD);
 }
 #undef WS3P_ARGS
@@ -174,8 +176,9 @@ void fm_register_ws(pybind11::module_& m) {
   m.def("sparse_decode_ws3p_vec", &sparse_decode_ws3p_vec,
         "ws3p's kOptVec build (session 9, fm_ws3v_decode.cu): sparse_decode_ws3p_opt's arguments, FP8 cache only, opt "
         "24 = ws3p1 (8) with the lane-uniform FP8 producer (16); results bit-identical to opt 8.");
-  // the opts sparse_decode_ws3p_ovl takes (BF16 106; FP8 120, 632 = + kOptVecWide since session 11)
-  m.attr("ws3p_ovl_opts") = pybind11::make_tuple(106, 120, 632);
+  // the opts sparse_decode_ws3p_ovl takes (BF16 106; FP8 120, 632 = + kOptVecWide since session 11; 1130 / 1658 =
+  // + kOptThresh since session 14)
+  m.attr("ws3p_ovl_opts") = pybind11::make_tuple(106, 120, 632, 1130, 1658);
   m.def("sparse_decode_ws3p_ovl", &sparse_decode_ws3p_ovl,
         "ws3p's adaptive overlap builds (session 10, fm_ws3_decode.cu consumer_p1o: the scoring warpgroup issues "
         "S_{i+1} before softmax_i once its tile has landed): sparse_decode_ws3p_opt's arguments, opt BF16 106 "

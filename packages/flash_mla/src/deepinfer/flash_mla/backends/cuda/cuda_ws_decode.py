@@ -99,6 +99,7 @@ __all__ = [
     "WS3P_OPTS",
     "WS3P_OVL_BASE",
     "WS3P_OVL_OPTS",
+    "WS3P_THRESH_OPTS",
     "WS3P_OPT_VARIANTS",
     "WS3P_VEC_BASE",
     "WS3P_VEC_OPTS",
@@ -124,6 +125,7 @@ __all__ = [
     "ws3p_opt_available",
     "ws3p_ovl_available",
     "ws3p_vw_available",
+    "ws3p_thresh_available",
     "ws3p_vec_available",
 ]
 
@@ -169,8 +171,16 @@ WS3P_OVL_OPTS = {
     "ws3p1voaw": (10 | OPT_OVL | OPT_OVL_ADAPT, 8 | OPT_VEC | OPT_OVL | OPT_OVL_ADAPT | OPT_VEC_WIDE),
 }
 WS3P_OVL_BASE = ("ws3p1l", "ws3p1v")  # (BF16, FP8 cache): the variant every kOptOverlap build must equal bit for bit
+# session 14: + kOptThresh 1024 (the running max moves only when a tile's max passes it by more than 8 in log2, so
+# alpha is exactly 1 on most tiles and the lazy skip drops the O rescale; exp2 by one FFMA with the scale folded in)
+# on the defaults' builds (BF16 ws3p1oa 106; FP8 ws3p1voaw 632, + kOptLazy 2 there). NOT bit-equal to them: same
+# math, other rounding (GPU tests against the reference and the defaults within bf16 tolerance).
+OPT_THRESH = 1024
+WS3P_THRESH_OPTS = {"ws3p1oat": (106 | OPT_THRESH, 632 | 2 | OPT_THRESH)}
+# every build run through `_C.sparse_decode_ws3p_ovl`: name -> (BF16 opt, FP8 opt)
+_OVL_ALL = {**WS3P_OVL_OPTS, **WS3P_THRESH_OPTS}
 # every persistent (ws3p family) variant (the overlap builds under their BF16 opt; their launch picks per cache)
-_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS, **{k: v[0] for k, v in WS3P_OVL_OPTS.items()}}
+_WS3P_ALL = {**WS3P_OPTS, **WS3P_VEC_OPTS, **{k: v[0] for k, v in _OVL_ALL.items()}}
 # name -> the kernel's Mode (fm_ws_decode.cu; ws3: the first three, fm_ws3_decode.cu); every mode but "full" is for
 # timing only (wrong numbers)
 ABLATIONS = {"full": 0, "producer": 1, "consumer": 2, "no_xchg": 3, "qk_only": 4, "pv_only": 5, "no_softmax": 6}
@@ -282,6 +292,12 @@ def ws3p_vw_available() -> bool:
     return ws3p_ovl_available() and 632 in getattr(mod, "ws3p_ovl_opts", ())
 
 
+def ws3p_thresh_available() -> bool:
+    """True when `_C`'s overlap builds include the kOptThresh ones (opts 1130 / 1658, session 14: "ws3p1oat")."""
+    mod = _module()
+    return ws3p_ovl_available() and WS3P_THRESH_OPTS["ws3p1oat"][1] in getattr(mod, "ws3p_ovl_opts", ())
+
+
 def ws3_extra_available() -> bool:
     """True when `_C` has ws3 with the extra cache (`sparse_decode_ws3_extra`, session 5 round 4 source)."""
     mod = _module()
@@ -337,13 +353,20 @@ def default_variant(t: int, extra: bool = False, fp8: bool = False) -> str:
     (session 9: bit-equal to "ws3p1", 1.14-1.27x it; "ws3p1" when `_C` lacks the kOptVec build) / "ws3p1l" on BF16
     when `_C` has the option builds, "ws3p" when it has only ws3p; below 64 tokens or with an extra cache "ws3".
     Session 11: on an FP8 cache "ws3p1voaw" from 64 tokens when `_C` has it (`ws3p_vw_available`; bit-equal to
-    ws3p1v, 1.028-1.058x ws3p1voa on the H200 at 64-512 decode tokens, and 35.2 vs ws3p1v's 36.1 us at 64)."""
+    ws3p1v, 1.028-1.058x ws3p1voa on the H200 at 64-512 decode tokens, and 35.2 vs ws3p1v's 36.1 us at 64).
+    Session 14: "ws3p1oat" (the threshold-rescale builds, `ws3p_thresh_available`) in place of ws3p1voaw on an FP8
+    cache (from 64 tokens) and of ws3p1oa on BF16 (from 128): H200 (2026-12-01-s14-bench-fm_thresh.json) 1.012-1.045x
+    them on FP8 at 64-512 decode tokens and prefill, 1.001-1.035x on BF16 from 128; same math, other rounding."""
     if t < WS3P_MIN_TOKENS or extra:
         return "ws3"
+    if fp8 and ws3p_thresh_available():
+        return "ws3p1oat"
     if fp8 and ws3p_vw_available():
         return "ws3p1voaw"
     if ws3p_opt_available():
         if t >= WS3P_OVL_MIN_TOKENS and ws3p_ovl_available():  # (a `_C` with them has the option builds too)
+            if not fp8 and ws3p_thresh_available():
+                return "ws3p1oat"
             return "ws3p1voa" if fp8 else "ws3p1oa"
         if fp8:
             return "ws3p1v" if ws3p_vec_available() else "ws3p1"
@@ -429,7 +452,7 @@ def _check_block_rows(mod: types.ModuleType, variant: str) -> None:
     entry = {"ws3p": "sparse_decode_ws3p"}.get(variant, "sparse_decode_ws3p_opt" if variant in WS3P_OPTS else fn)
     if variant in WS3P_VEC_OPTS:
         entry = "sparse_decode_ws3p_vec"
-    if variant in WS3P_OVL_OPTS:
+    if variant in _OVL_ALL:
         entry = "sparse_decode_ws3p_ovl"
     if not hasattr(mod, fn) or not hasattr(mod, entry):
         raise RuntimeError(f"sparse_attn_ws: _C has no {fn} / entry point: built before variant {variant!r} (rebuild)")
@@ -472,10 +495,10 @@ def sparse_attn_ws(
             CTA several work items (tests).
     Raises ValueError (with the reason) for a call the kernel cannot take.
     """
-    known = variant in VARIANTS or variant in WS3P_VEC_OPTS or variant in WS3P_OVL_OPTS
+    known = variant in VARIANTS or variant in WS3P_VEC_OPTS or variant in _OVL_ALL
     if not known or ablation not in ablations_of(variant):
         allowed = sorted(ablations_of(variant)) if known else sorted(ABLATIONS)
-        names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
+        names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(_OVL_ALL)
         raise ValueError(
             f"sparse_attn_ws: variant / ablation: expected one of {names} / {allowed}, got {variant!r} / {ablation!r}"
         )
@@ -536,8 +559,8 @@ def sparse_attn_ws(
         if variant in WS3P_VEC_OPTS:
             entry = mod.sparse_decode_ws3p_vec
         opt = () if variant == "ws3p" else (_WS3P_ALL[variant],)
-        if variant in WS3P_OVL_OPTS:  # one name, a build per cache format
-            entry, opt = mod.sparse_decode_ws3p_ovl, (WS3P_OVL_OPTS[variant][int(fp8)],)
+        if variant in _OVL_ALL:  # one name, a build per cache format
+            entry, opt = mod.sparse_decode_ws3p_ovl, (_OVL_ALL[variant][int(fp8)],)
         entry(
             q_c.data_ptr(), kv_f.data_ptr(), idx.data_ptr(), sink_p, o_dst.data_ptr(), lse_out.data_ptr(), po, pl,
             t, h, idx.shape[1], splits, per, float(softmax_scale) * LOG2E, kv_f.shape[0],
@@ -692,7 +715,7 @@ def probe(timeout_s: float = 120.0, variant: str = "ws") -> tuple[bool, str]:
     """`self_check(variant=variant)` in a child process (same sys.path): (passed, its output). A crash, a wrong result
     or a hang (killed after timeout_s) gives False; cached per process and variant. Several variants joined by commas
     are checked by one child process."""
-    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(WS3P_OVL_OPTS)
+    names = sorted(VARIANTS) + sorted(WS3P_VEC_OPTS) + sorted(_OVL_ALL)
     if not variant or any(v not in names for v in variant.split(",")):
         raise ValueError(f"probe: variant: expected one of {names}, got {variant!r}")
     return _probe_cached(float(timeout_s), variant)
