@@ -78,15 +78,21 @@ def _fake_c() -> tuple[type, list]:
     return Fake, calls
 
 
-def test_ws3p1o_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BF16 cache: `_C.sparse_decode_ws3p_ovl` with ws3p's arguments, fp8 False and opt 106; FP8 cache: fp8 True and
-    opt 120 (both names); max_ctas passed; a bad ablation and a removed name are ValueErrors (wrapper and probe); a
-    `_C` without the entry point is a RuntimeError saying to rebuild."""
+def _patch_wrapper(monkeypatch: pytest.MonkeyPatch) -> tuple[type, list]:
+    """The wrapper on a stand-in `_C` (`_fake_c`): shape checks, the combine and the stream stubbed (stream 7)."""
     fake, calls = _fake_c()
     monkeypatch.setattr(_WS, "_module", lambda: fake)
     monkeypatch.setattr(_WS, "supports", lambda q, kv: None)
     monkeypatch.setattr(_WS, "combine_splits", lambda *a, **k: None)
     monkeypatch.setattr(_WS.torch.cuda, "current_stream", lambda dev=None: type("S", (), {"cuda_stream": 7})())
+    return fake, calls
+
+
+def test_ws3p1o_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BF16 cache: `_C.sparse_decode_ws3p_ovl` with ws3p's arguments, fp8 False and opt 106; FP8 cache: fp8 True and
+    opt 120 (both names); max_ctas passed; a bad ablation and a removed name are ValueErrors (wrapper and probe); a
+    `_C` without the entry point is a RuntimeError saying to rebuild."""
+    fake, calls = _patch_wrapper(monkeypatch)
     q = torch.randn(256, 64, 512).bfloat16()
     idx = torch.randint(0, 2048, (256, 640), dtype=torch.int32)
     fp8 = torch.randint(0, 256, (2048, 584), dtype=torch.uint8)
@@ -149,6 +155,15 @@ def test_bench_fm_overlap_smoke(tmp_path: pathlib.Path) -> None:
 # ------------------------------------------------------------------------------------------------------ GPU
 
 
+def gpu_inputs(t: int, sink_mode: str, seed: int, cache: str) -> tuple:
+    """`_ragged_inputs` with a whole hole tile (64..127) on every 3rd token, on the GPU: (q, kv of the cache format,
+    indices, sink or None, the CPU sink for `mc.assert_empty_token`)."""
+    q, bf, idx, sink = _ragged_inputs(t, sink_mode, seed)
+    idx[::3, 64:128] = -1
+    kv = (_fp8(bf) if cache == "fp8" else bf).cuda()
+    return q.cuda(), kv, idx.cuda(), sink.cuda() if sink is not None else None, sink
+
+
 def _run(variant: str, q, kv, idx, sink, **kw) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
     """One call into NaN-poisoned outputs (every element must be written), synchronised."""
     out = torch.full(tuple(q.shape), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -199,11 +214,7 @@ def test_ws3p1o_bit_equal_default_gpu(cache: str, t: int, splits: int | None, ct
     out / lse bit-for-bit the default's (ws3p1l BF16 / ws3p1v FP8) on the same plan and grid, all within the probe's
     bound of the reference, token 1 exactly 0 / lse = sink."""
     _probe_or_skip()
-    q, bf, idx, sink = _ragged_inputs(t, sink_mode, 5100 + t + len(sink_mode))
-    idx[::3, 64:128] = -1
-    kv = (_fp8(bf) if cache == "fp8" else bf).cuda()
-    qd, ic = q.cuda(), idx.cuda()
-    sd = sink.cuda() if sink is not None else None
+    qd, kv, ic, sd, sink = gpu_inputs(t, sink_mode, 5100 + t + len(sink_mode), cache)
     kw = {"num_splits": splits, "max_ctas": ctas}
     base_name = _WS.WS3P_OVL_BASE[int(cache == "fp8")]
     base = _run(base_name, qd, kv, ic, sd, **kw)

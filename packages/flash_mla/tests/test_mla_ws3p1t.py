@@ -28,9 +28,7 @@ if not _CUDA:
 pytest.importorskip("triton")
 
 import mla_checks as mc  # noqa: E402
-from test_mla_fp8v import _ragged_inputs  # noqa: E402
-from test_mla_split import _fp8  # noqa: E402
-from test_mla_ws3p1o import _fake_c, _run  # noqa: E402
+from test_mla_ws3p1o import _patch_wrapper, _run, gpu_inputs  # noqa: E402
 
 from deepinfer.flash_mla import reference  # noqa: E402
 
@@ -57,11 +55,7 @@ def test_ws3p1t_table() -> None:
 def test_ws3p1t_wrapper_routes(monkeypatch: pytest.MonkeyPatch) -> None:
     """BF16 cache: `_C.sparse_decode_ws3p_ovl` with fp8 False and opt 1130; FP8 cache: fp8 True and opt 1658; a bad
     ablation is a ValueError naming the variant; the probe accepts the name."""
-    fake, calls = _fake_c()
-    monkeypatch.setattr(_WS, "_module", lambda: fake)
-    monkeypatch.setattr(_WS, "supports", lambda q, kv: None)
-    monkeypatch.setattr(_WS, "combine_splits", lambda *a, **k: None)
-    monkeypatch.setattr(_WS.torch.cuda, "current_stream", lambda dev=None: type("S", (), {"cuda_stream": 7})())
+    _, calls = _patch_wrapper(monkeypatch)
     q = torch.randn(256, 64, 512).bfloat16()
     idx = torch.randint(0, 2048, (256, 640), dtype=torch.int32)
     for kv, is_fp8, opt in (
@@ -125,11 +119,7 @@ def test_ws3p1t_matches_reference_gpu(cache: str, t: int, splits: int | None, ct
     index, NaN / 0xFF rows wherever no index points, outputs poisoned with NaN: ws3p1oat within the probe's bound of
     the reference and of the default build (same plan and grid); token 1 exactly 0 / lse = sink."""
     _probe_or_skip()
-    q, bf, idx, sink = _ragged_inputs(t, sink_mode, 7100 + t + len(sink_mode))
-    idx[::3, 64:128] = -1
-    kv = (_fp8(bf) if cache == "fp8" else bf).cuda()
-    qd, ic = q.cuda(), idx.cuda()
-    sd = sink.cuda() if sink is not None else None
+    qd, kv, ic, sd, sink = gpu_inputs(t, sink_mode, 7100 + t + len(sink_mode), cache)
     kw = {"num_splits": splits, "max_ctas": ctas}
     got = _run("ws3p1oat", qd, kv, ic, sd, **kw)
     default = _run("ws3p1voaw" if cache == "fp8" else "ws3p1oa", qd, kv, ic, sd, **kw)
