@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  if constexpr (M != kLdSum && M != kF8r1 && M != kF8r4) acc = *reinterpret_cast<const uint32_t*>(smem + (ring - su32(smem)) + 4 * t);
+  if constexpr (M != kLdSum && M != kF8r1 && M != kF8r4)
+    acc = *reinterpret_cast<const uint32_t*>(smem + (ring - su32(smem)) + 4 * t);
   if (acc == 0x12345679u) out[blockIdx.x] = acc;  // practically never: keeps the loads live
 }
 

@@ -1,5 +1,5 @@
-"""ws3p's threshold-rescale builds (session 14): `sparse_attn_ws(..., variant="ws3p1oat")` -> `_C.sparse_decode_ws3p_ovl`
--> fm_ws3_decode.cu's ws3p_decode_kernel<false, 1130> (BF16: the default ws3p1oa, 106, + kOptThresh 1024) or
+"""ws3p's threshold-rescale builds (session 14): `sparse_attn_ws(..., variant="ws3p1oat")` ->
+`_C.sparse_decode_ws3p_ovl` -> fm_ws3_decode.cu's ws3p_decode_kernel<false, 1130> (BF16: the default ws3p1oa, 106, + kOptThresh 1024) or
 <true, 1658> (FP8: the default ws3p1voaw, 632, + kOptLazy 2 + kOptThresh). The scoring warpgroup keeps a row's
 running max until a tile's max passes it by more than 8 (log2 units), so alpha is exactly 1 on most tiles and the
 lazy skip drops both warpgroups' O rescale; exp2 takes the raw score through one FFMA with the scale. Same math as the
@@ -73,7 +73,8 @@ def test_ws3p1t_instances() -> None:
     """fm_ws3_decode.cu instantiates both opts in the overlap launcher, with kOptThresh's static check (only with the
     lazy skip) and the threshold constant; the binding accepts them and lists them in ws3p_ovl_opts."""
     src = (_SRC / "fm_ws3_decode.cu").read_text()
-    assert "case 1130: return launch_persist<false, 1130>" in src and "case 1658: return launch_persist<true, 1658>" in src
+    assert "case 1130: return launch_persist<false, 1130>" in src
+    assert "case 1658: return launch_persist<true, 1658>" in src
     assert "kOptThresh = 1024" in src and "constexpr float kThreshLog2 = 8.f;" in src
     assert 'static_assert(!kThresh || kLazy, "kOptThresh: with kOptLazy' in src
     binding = (_SRC / "fm_ws_bindings.cpp").read_text()

@@ -89,7 +89,7 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, 
   d |= (uint64_t)1 << 62;
   return d;
 }
-// gmma_desc(addr + off, ...) from d = gmma_desc(addr, ...): one 64-bit add (fm_ws3_decode.cu's desc_at says why).
+// gmma_desc(addr + off, ...) from d = gmma_desc(addr, ...): one add on the low word (fm_ws3_decode.cu's desc_at).
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t off) {
   return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));  // 32-bit add: no carry chain
 }

@@ -137,6 +137,11 @@ constexpr int kBarWg0 = 3;  // + wg: one consumer warpgroup's 128 threads (ws3p 
 //   kOptVecWide (session 11; FP8 overlap build 632 = 120 + 512): fp8v_tile<3>, the lane-uniform producer with 12 of a
 //     warp's 16 rows loaded before the stage wait (60 registers) instead of 8 (rows loaded after the release expose
 //     their latency once per tile); setmaxnreg 104 / 240 / 160 (16 rows spilled at 104 / 112). Same bits as 120.
+//   kOptThresh (session 14; with kOptLazy, on the overlap builds: BF16 1130 = 106 + 1024, FP8 1658 = 632 + 2 + 1024,
+//     "ws3p1oat", the default since): softmax_tile64 moves a row's running max only when the tile's max passes it by
+//     more than kThreshLog2, so alpha is exactly 1 on most tiles and lazy_rescale skips both warpgroups' O *= alpha;
+//     P = exp2(s * scale - m) by one FFMA (the row max is taken on the raw scores: max commutes with a positive
+//     scale). P <= 2^8 between moves, l and O in fp32. Same math, other rounding: not bit-equal to 106 / 632.
 constexpr int kOptWideFp8 = 1, kOptLazy = 2, kOptEarlyS = 4, kOptOneScorer = 8, kOptVec = 16, kOptOverlap = 32,
               kOptOvlAdapt = 64, kOptVecWide = 512, kOptThresh = 1024;
 constexpr float kThreshLog2 = 8.f;  // kOptThresh: the running max moves when a tile's max passes it by more than 2^8
@@ -209,7 +214,7 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
 // gmma_desc(addr + off, lbo, sbo) from d = gmma_desc(addr, lbo, sbo): shared addresses stay below 256 KiB, so the
 // start-address field (addr >> 4, bits 0..13) never carries and the descriptor moves by off >> 4. Why (session 14
 // profile of the prefill default): computing every wgmma's two descriptors from scratch cost ~10 uniform-datapath
-// instructions per wgmma, ~35 % of the scoring warpgroup's ~1,210 instructions per tile; one 64-bit add each instead.
+// instructions per wgmma, ~35 % of the scoring warpgroup's ~1,210 instructions per tile; one add each instead.
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t off) {
   return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));  // 32-bit add: no carry chain
 }
@@ -1548,7 +1553,7 @@ static int launch_persist_vec(const LaunchArgs& a, int max_ctas, int opt, cudaSt
 }
 #else
 // kOptOverlap + kOptOvlAdapt builds (session 10; fm_ws3p_launch_ovl): BF16 106 (ws3p1l + both), FP8 120 (ws3p1v +
-// both).
+// both); FP8 632 (+ kOptVecWide, session 11); BF16 1130 / FP8 1658 (+ kOptThresh, session 14).
 template <bool FP8>
 static int launch_persist_ovl(const LaunchArgs& a, int max_ctas, int opt, cudaStream_t s) {
   if constexpr (FP8) {

@@ -8,9 +8,9 @@ On the Triton backend:
   runs DEFAULT_KERNELS' kernel: when `_C` is built, the warp-specialised kernels (`cuda_ws_decode.py`) for
   calls without an extra cache (h % 64 == 0, d = 512): the threshold-rescale build ws3p1oat (session 14) from 128
   query tokens on a BF16 cache and from 64 on FP8 (`cuda_ws_decode.default_variant`); with a `_C` without it, the
-  adaptive overlap builds ws3p1oa (BF16 cache) / ws3p1voa (FP8) from WS3P_OVL_MIN_TOKENS (128) query tokens (session 10 H200, bit-equal to their base: 1.010-1.022x it at
-  decode b 64..256, 1.003-1.022x at prefill 4,096 / 16,384; 0.994-0.999x at 64 tokens, hence the threshold; a `_C`
-  without them keeps the base), ws3p1l (BF16) / ws3p1v (FP8; ws3p1 without the kOptVec build) from WS3P_MIN_TOKENS
+  adaptive overlap builds ws3p1oa (BF16 cache) / ws3p1voa (FP8) from WS3P_OVL_MIN_TOKENS (128) query tokens
+  (session 10 H200, bit-equal to their base: 1.010-1.022x it at decode b 64..256, 1.003-1.022x at prefill 4,096 /
+  16,384; 0.994-0.999x at 64 tokens, hence the threshold; a `_C` without them keeps the base), ws3p1l (BF16) / ws3p1v (FP8; ws3p1 without the kOptVec build) from WS3P_MIN_TOKENS
   (64), ws3 from WS3_MIN_TOKENS (32; extra-cache calls too only with DEEPINFER_FLASH_MLA_WS3_EXTRA=1), else
   the serial CUDA kernel (`cuda_sparse_decode.py`) when it takes the call (d = 512, both caches of one format, with
   or without the extra cache), else the Triton split kernel (all heads per program, split-KV for few tokens);
@@ -62,10 +62,10 @@ def route(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> s
 
 def kernel_for(q: torch.Tensor, kv: torch.Tensor, extra_kv: torch.Tensor | None) -> str:
     """The kernel a call with these tensors (q [t, h, d], as `sparse_attn` gets it) runs: "cuda_ws3p1oat" (session
-    14: >= 128 tokens, on an FP8 cache >= 64), "cuda_ws3p1oa" / "cuda_ws3p1voa" / "cuda_ws3p1voaw" (older `_C`s), "cuda_ws3p1l" / "cuda_ws3p1v" / "cuda_ws3p1" / "cuda_ws3p"
-    (>= WS3P_MIN_TOKENS tokens; all without an extra cache: `cuda_ws_decode.default_variant`), "cuda_ws3" (the
-    warp-specialised sm_90a kernel: >= WS3_MIN_TOKENS tokens, no extra cache unless DEEPINFER_FLASH_MLA_WS3_EXTRA=1),
-    "cuda" (the serial sm_90a kernel),
+    14: >= 128 tokens, on an FP8 cache >= 64), "cuda_ws3p1oa" / "cuda_ws3p1voa" / "cuda_ws3p1voaw" (older `_C`s),
+    "cuda_ws3p1l" / "cuda_ws3p1v" / "cuda_ws3p1" / "cuda_ws3p" (>= WS3P_MIN_TOKENS tokens; all without an extra
+    cache: `cuda_ws_decode.default_variant`), "cuda_ws3" (the warp-specialised sm_90a kernel: >= WS3_MIN_TOKENS tokens,
+    no extra cache unless DEEPINFER_FLASH_MLA_WS3_EXTRA=1), "cuda" (the serial sm_90a kernel),
     "fused" / "chunked" / "deferred" (Triton split kernels), "legacy" (the older Triton kernel) or "reference".
     Shapes / dtypes only."""
     path = route(q, kv, extra_kv)
