@@ -14,28 +14,18 @@
 // softmax needs), then tells the partner the slot is free again (a remote arrive on the partner's empty[slot]).
 // NB = 1: every tile waits a full round trip (the dependent exchange a softmax needs); NB = 2 / 4: the sends run up to
 // NB tiles ahead (an upper bound for a pipeline that overlaps other tiles' work with the hand-over).
-// Reported: ns per tile (median of 7 launches), with 66 clusters of 2 CTAs (one CTA per SM).
+// Reported: ns per tile (median of 10 launches after 3 warm-ups), with 66 clusters of 2 CTAs (one CTA per SM).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
+
+#include "micro_sm90.cuh"  // CK, su32, mbar_*, median_ms
 
 constexpr int kThreads = 128;
 constexpr int kVals = 32;                       // fp32 per thread
 constexpr int kSlotBytes = kThreads * kVals * 4;  // 16 KiB
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-__device__ __forceinline__ uint32_t su32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -49,23 +39,6 @@ __device__ __forceinline__ uint32_t mapa(uint32_t a, uint32_t rank) {
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t b, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(b), "r"(parity)
-        : "memory");
-  }
 }
 // One arrival on an mbarrier of another CTA of the cluster (cluster address).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
@@ -101,13 +74,13 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) exchang
     const int s = j % NB;
     const uint32_t ph = (uint32_t)(j / NB) & 1u;
     if (t == 0) mbar_expect(full + 8 * s, kSlotBytes);  // this phase of my full[s]: the partner's 16 KiB
-    if (j >= NB) mbar_wait(empty + 8 * s, ph ^ 1u);   // the partner has read what I wrote into its slot s last time
+    if (j >= NB) mbar_wait<true>(empty + 8 * s, ph ^ 1u);  // the partner has read my last write into its slot s
 #pragma unroll
     for (int i = 0; i < kVals / 4; ++i) {
       st_async16(peer_recv + s * kSlotBytes + (i * kThreads + t) * 16,
                  make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]), peer_full + 8 * s);
     }
-    mbar_wait(full + 8 * s, ph);  // the partner's partial S has landed in my slot s
+    mbar_wait<true>(full + 8 * s, ph);  // the partner's partial S has landed in my slot s
     const float4* r = reinterpret_cast<const float4*>(smem + s * kSlotBytes);
 #pragma unroll
     for (int i = 0; i < kVals / 4; ++i) {
@@ -127,22 +100,8 @@ template <int NB>
 static double run(int n_ctas, int tiles, float* out) {
   const int smem = NB * kSlotBytes + 16 * NB;
   CK(cudaFuncSetAttribute(exchange<NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int it = 0; it < 10; ++it) {
-    CK(cudaEventRecord(a));
-    exchange<NB><<<n_ctas, kThreads, smem>>>(tiles, out);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float x;
-    CK(cudaEventElapsedTime(&x, a, b));
-    if (it >= 3) ms.push_back(x);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e6 / tiles;  // ns per tile
+  const float ms = median_ms([&] { exchange<NB><<<n_ctas, kThreads, smem>>>(tiles, out); });
+  return ms * 1e6 / tiles;  // ns per tile
 }
 
 int main() {

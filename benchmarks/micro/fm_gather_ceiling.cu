@@ -32,21 +32,13 @@
 #include <random>
 #include <vector>
 
+#include "micro_sm90.cuh"  // CK, su32, mbar_*, median_ms
+
 constexpr int kRows = 64;         // rows per tile
 constexpr int kRowBytes = 1024;   // bf16 [512]
 constexpr int kTile = kRows * kRowBytes;
 constexpr int kThreads = 128;
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-__device__ __forceinline__ uint32_t su32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // chunk c (16 bytes, 0..63) of row r in a tile of 8 [64 rows, 128 B] sub-tiles, 128-byte swizzle (the kernels' swz)
 __device__ __host__ __forceinline__ uint32_t swz(int r, int c) {
   return (uint32_t)((c >> 3) * kRows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
@@ -57,22 +49,6 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t b, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(b), "r"(parity)
-        : "memory");
-  }
 }
 __device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
   asm volatile(
@@ -294,22 +270,8 @@ static double run(const uint8_t* kv, const int* idx, int n_tiles, uint32_t* out,
   const int smem = S * kTile + 1024 + 64;
   auto k = gather<M, S>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int it = 0; it < 13; ++it) {
-    CK(cudaEventRecord(a));
-    k<<<n_sm, kThreads, smem>>>(kv, idx, n_tiles, out, map);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float x;
-    CK(cudaEventElapsedTime(&x, a, b));
-    if (it >= 3) ms.push_back(x);
-  }
-  std::sort(ms.begin(), ms.end());
-  return (double)n_tiles * kTile / (ms[ms.size() / 2] * 1e-3) / 1e12;  // TB/s
+  const float ms = median_ms([&] { k<<<n_sm, kThreads, smem>>>(kv, idx, n_tiles, out, map); });
+  return (double)n_tiles * kTile / (ms * 1e-3) / 1e12;  // TB/s
 }
 
 int main() {
