@@ -7,8 +7,8 @@
 //   build/dx > result.json        (H200; prints one JSON object)
 //
 // Written in session 14; run in session 15 (H200, benchmarks/results/2026-12-01-s15-fm_dsmem_exchange.json): 792.8 ns
-// per tile with 1 slot, 843.9 / 843.3 with 2 / 4 (bandwidth-bound, ~20 GB/s per SM and direction): too slow for the
-// dims-split prefill (flash_mla README, the prefill goal).
+// per tile with 1 slot, 843.9 / 843.3 with 2 / 4 (bandwidth-bound, ~20 GB/s per SM and direction): a dims-split
+// prefill pair pays only with the exchange hidden behind later tiles' scores (flash_mla README, the prefill goal).
 //
 // Per tile t, each of the 128 threads of a CTA holds 32 fp32 (a 64 x 64 fp32 tile: 16 KiB per CTA). It pushes them
 // into its partner's receive slot t % NB with st.async (completion counted in bytes on the partner's full[slot]
