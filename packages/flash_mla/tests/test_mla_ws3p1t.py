@@ -15,9 +15,7 @@ moves past the threshold).
 
 from __future__ import annotations
 
-import importlib
 import os
-import pathlib
 
 import pytest
 import torch
@@ -28,15 +26,11 @@ if not _CUDA:
 pytest.importorskip("triton")
 
 import mla_checks as mc  # noqa: E402
-from test_mla_ws3p1o import _patch_wrapper, _run, gpu_inputs  # noqa: E402
+# the overlap builds' test module: its wrapper stand-in, runner, inputs and module handles serve these builds too
+from test_mla_ws3p1o import _PROBE, _SRC, _WS, SCALE, _patch_wrapper, _run, gpu, gpu_inputs  # noqa: E402
 
 from deepinfer.flash_mla import reference  # noqa: E402
 
-_WS = importlib.import_module("deepinfer.flash_mla.backends.cuda.cuda_ws_decode")
-_PROBE = importlib.import_module("deepinfer.flash_mla.backends.cuda._cuda_probe")
-_SRC = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
-SCALE = 512**-0.5
-gpu = pytest.mark.skipif(not _CUDA, reason="needs a CUDA GPU")
 needs_t = pytest.mark.skipif(not _WS.ws3p_thresh_available(), reason="_C without the kOptThresh builds (rebuild)")
 
 
